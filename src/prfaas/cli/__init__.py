@@ -1,0 +1,75 @@
+"""The `prfaas` entry point: one click group, subcommands imported lazily.
+
+Each subcommand lives in its own module `prfaas.cli.<name>` exposing `command` (a
+`click.Command`). Lazy loading keeps `prfaas plan` from importing torch. Every `PrfaasError`
+becomes one line on stderr and exit code 2 (no traceback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import click
+
+from prfaas.core.errors import PrfaasError
+
+# name -> (module, one-line help shown in `prfaas --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("prfaas.cli.plan", "Throughput model and optimiser: t, N_p:N_d, capacity, egress."),
+    "kv": ("prfaas.cli.kv", "KVCache size of a model at given lengths."),
+    "bandwidth": ("prfaas.cli.bandwidth", "Egress projection of a prefill cluster (Eq. 2)."),
+    "simulate": ("prfaas.cli.simulate", "Discrete-event simulation of a system under load."),
+    "capacity": ("prfaas.cli.capacity", "Highest sustainable rate of a system, by simulation."),
+    "reproduce": ("prfaas.cli.reproduce", "Reproduce the paper's case study end to end."),
+    "generate": ("prfaas.cli.generate", "Run the small hybrid model in one process."),
+    "profile": ("prfaas.cli.profile", "Measure this engine's prefill/decode profile."),
+    "serve": ("prfaas.cli.serve", "Start the router and workers of a topology."),
+    "bench": ("prfaas.cli.bench", "Replay requests against a running router."),
+}
+
+
+def _available(name: str) -> bool:
+    return importlib.util.find_spec(COMMANDS[name][0]) is not None
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if _available(name)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS or not _available(cmd_name):
+            return None
+        module = importlib.import_module(COMMANDS[cmd_name][0])
+        command: click.Command = module.command
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="prfaas")
+def cli() -> None:
+    """prfaas: Prefill-as-a-Service for hybrid-attention LLMs: plan, simulate, serve."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; project errors become one line on stderr and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="prfaas", standalone_mode=False)
+    except PrfaasError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(2 if err.exit_code == 2 else err.exit_code)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)

@@ -1,0 +1,1 @@
+"""Shared types, errors and units. Imports nothing else from prfaas."""

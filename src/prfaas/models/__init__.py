@@ -1,0 +1,1 @@
+"""Model geometry (KV bytes), hardware, and prefill/decode time profiles. No torch."""
