@@ -63,7 +63,9 @@ def parse_bytes(text: str | int | float, field: str = "bytes") -> int:
 
 
 def format_tokens(tokens: float) -> str:
-    """1024 -> '1K', 19400 -> '19.4K'."""
+    """8192 -> '8K' (binary K for exact multiples of 1024), 19400 -> '19.4K'."""
+    if tokens >= KIB and float(tokens) % KIB == 0:
+        return f"{int(tokens) // KIB}K"
     if tokens >= 1000:
         return f"{tokens / 1000:.1f}K".replace(".0K", "K")
     return f"{tokens:.0f}"

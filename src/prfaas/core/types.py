@@ -1,0 +1,111 @@
+"""Small frozen types that components exchange: requests as the policy sees them, the cluster
+state it reads (`ClusterView`), and the `RouteDecision` it returns.
+
+The same types are filled by the simulator (from simulated instances) and by the live router
+(from worker reports), so one policy object serves both worlds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal, Protocol
+
+PRFAAS_CLUSTER = "prfaas"
+PD_CLUSTER = "pd"
+
+Role = Literal["prefill", "decode"]
+
+
+class Route(StrEnum):
+    PRFAAS = "prfaas"  # prefill on the remote PrfaaS cluster, KV crosses the inter-DC link
+    PD = "pd"  # prefill on a local PD-P instance
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What a policy knows of a request when it arrives."""
+
+    request_id: str
+    input_tokens: int
+    output_tokens: int
+    arrival_s: float
+    block_hashes: tuple[int, ...] = ()  # chained hashes of the prompt's full blocks
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceLoad:
+    """One instance's state as the scheduler sees it."""
+
+    instance_id: str
+    cluster: str  # "prfaas" or "pd"
+    role: Role
+    queued_requests: int = 0
+    queued_work_s: float = 0.0  # estimated time to drain what is queued or running
+    running: int = 0
+    free_slots: int = 0  # decode: batch slots not taken (incl. reserved)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkStatus:
+    """The inter-cluster link as last measured."""
+
+    capacity_gbps: float  # current estimate of what the link can carry
+    egress_gbps: float = 0.0  # recent measured egress (sliding window)
+    pending_bytes: float = 0.0  # queued, not yet sent
+    retransmits: int = 0
+
+
+class ClusterView(Protocol):
+    """Read-only view of the system for a policy; time comes in as `now_s`."""
+
+    @property
+    def now_s(self) -> float: ...
+
+    def instances(self, cluster: str | None = None, role: Role | None = None
+                  ) -> Sequence[InstanceLoad]: ...
+
+    def link(self) -> LinkStatus: ...
+
+    def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
+        """Predicted service time of a prefill on that instance (from its profile)."""
+        ...
+
+    def kv_transfer_s(self, tokens: int) -> float:
+        """Predicted time to move the KV of `tokens` tokens across the inter-cluster link."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouteQuery:
+    """A request plus the cached-prefix length (tokens) at each instance that has any."""
+
+    request: RequestInfo
+    cached_tokens: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Where a request's prefill and decode run, and what cache it reuses or moves."""
+
+    route: Route
+    prefill_instance: str
+    decode_instance: str | None
+    cached_tokens: int  # prefix reused by the prefill instance
+    uncached_tokens: int  # tokens the prefill instance computes
+    prefix_source: str | None = None  # instance whose cache is copied to the prefill instance
+    prefix_transfer_tokens: int = 0  # tokens of prefix KV moved from prefix_source
+    threshold_tokens: int | None = None  # the t in force when decided
+    rejected: bool = False
+    reason: str = ""
+
+    @staticmethod
+    def reject(reason: str, threshold_tokens: int | None = None) -> RouteDecision:
+        return RouteDecision(Route.PD, "", None, 0, 0, threshold_tokens=threshold_tokens,
+                             rejected=True, reason=reason)
+
+
+def best_cached(query: RouteQuery, instances: Sequence[InstanceLoad]) -> int:
+    """Longest cached prefix (tokens) among `instances`."""
+    return max((query.cached_tokens.get(i.instance_id, 0) for i in instances), default=0)

@@ -1,0 +1,215 @@
+"""Exhaustive grid search over the threshold t and the N_p:N_d split (Eqs 6-8).
+
+`PlanInputs` holds plain numbers and profiles, so the live threshold controller can re-solve t
+with measured bandwidth and a recent length distribution; `plan_all` builds them from a
+scenario for the three systems of the paper's Table 6.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from prfaas.core.errors import InfeasibleError
+from prfaas.models.profile import DecodeTime, KVSize, PrefillTime
+from prfaas.planner.throughput import bounds, decode_rate, mean_service_s, stage_curves
+from prfaas.planner.ttft import ttft_stats
+from prfaas.scenario import Scenario
+from prfaas.workload.lengths import LengthDistribution
+
+SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
+GBPS = 1e9 / 8  # bytes/s per Gbps
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    lengths: LengthDistribution
+    output_tokens: int
+    kv: KVSize
+    prfaas_prefill: PrefillTime
+    pd_prefill: PrefillTime
+    decode: DecodeTime
+    n_prfaas: int
+    n_pd: int
+    link_gbps: float
+    intra_gbps: float = 800.0
+    t_step_tokens: int = 100
+
+
+@dataclass(frozen=True)
+class SystemPlan:
+    """One system's optimum. Stage rates in requests/s; None where a stage does not exist."""
+
+    system: str
+    lambda_max: float
+    n_prfaas: int | None
+    n_p: int | None
+    n_d: int
+    theta_prfaas: float | None
+    theta_pd_p: float | None
+    theta_pd_d: float
+    threshold_tokens: int | None = None
+    offload_fraction: float | None = None
+    l_long_tokens: float | None = None
+    l_short_tokens: float | None = None
+    egress_gbps: float | None = None
+    ttft_mean_s: float | None = None
+    ttft_p90_s: float | None = None
+    bottleneck: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("extra")
+        out.pop("system")
+        return out
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    mode: str
+    systems: dict[str, SystemPlan]
+    search_points: int
+
+
+def _check(inputs: PlanInputs) -> None:
+    if inputs.n_prfaas < 1:
+        raise InfeasibleError(f"clusters.prfaas.instances={inputs.n_prfaas}: need at least 1")
+    if inputs.n_pd < 2:
+        raise InfeasibleError(f"clusters.pd.instances={inputs.n_pd}: need at least 2")
+    if inputs.link_gbps <= 0:
+        raise InfeasibleError(f"link.gbps={inputs.link_gbps}: the link carries nothing")
+
+
+def threshold_grid(lengths: LengthDistribution, step_tokens: int) -> np.ndarray:
+    """t from just below the shortest request (everything offloaded) to the longest (none)."""
+    if step_tokens <= 0:
+        raise InfeasibleError(f"planner.t_step_tokens={step_tokens}: must be positive")
+    first = -(-lengths.lo // step_tokens) * step_tokens
+    inner = np.arange(first, lengths.hi, step_tokens, dtype=float)
+    return np.unique(np.concatenate([[max(lengths.lo - 1, 0)], inner, [lengths.hi]]))
+
+
+def search_prfaas_pd(inputs: PlanInputs, mode: str) -> SystemPlan:
+    """Best (t, N_p) for PrfaaS-PD; ties broken by Eq. 7 balance, then less egress."""
+    _check(inputs)
+    ts = threshold_grid(inputs.lengths, inputs.t_step_tokens)
+    curves = stage_curves(inputs.lengths, ts, inputs.prfaas_prefill, inputs.pd_prefill,
+                          inputs.kv, mode)
+    link_bps = inputs.link_gbps * GBPS
+    best: tuple[float, float, float] | None = None
+    choice: tuple[int, int] = (0, 1)
+    for n_p in range(0, inputs.n_pd):
+        n_d = inputs.n_pd - n_p
+        theta_d = float(decode_rate(n_d, inputs.decode.bs_max, inputs.decode.step_at(
+            inputs.decode.bs_max), inputs.output_tokens))
+        _, _, prf_term, pdp_term = bounds(curves, inputs.n_prfaas, n_p, link_bps)
+        lam = np.minimum(np.minimum(prf_term, pdp_term), theta_d)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            imbalance = np.abs(np.log(prf_term / pdp_term))
+        imbalance = np.nan_to_num(imbalance, nan=np.inf, posinf=1e9)
+        for i in np.flatnonzero(lam >= lam.max() * (1 - 1e-9)):
+            key = (float(lam[i]), -float(imbalance[i]), -float(curves.p_long[i]))
+            if best is None or key > best:
+                best, choice = key, (int(i), n_p)
+    if best is None or best[0] <= 0:
+        raise InfeasibleError("no threshold and split gives a positive throughput")
+    return _prfaas_plan(inputs, curves, choice, mode)
+
+
+def _prfaas_plan(inputs: PlanInputs, curves: Any, choice: tuple[int, int], mode: str
+                 ) -> SystemPlan:
+    i, n_p = choice
+    n_d = inputs.n_pd - n_p
+    link_bps = inputs.link_gbps * GBPS
+    theta_prf, theta_pdp, prf_term, pdp_term = bounds(curves, inputs.n_prfaas, n_p, link_bps)
+    theta_d = float(decode_rate(n_d, inputs.decode.bs_max, inputs.decode.step_at(
+        inputs.decode.bs_max), inputs.output_tokens))
+    terms = {"prfaas": float(prf_term[i]), "pd_p": float(pdp_term[i]), "pd_d": theta_d}
+    lam = min(terms.values())
+    p = float(curves.p_long[i])
+    t = int(curves.thresholds[i])
+    compute_bound = inputs.n_prfaas / float(curves.long_service_s[i]) if p > 0 else np.inf
+    ttft = ttft_stats(inputs, t)
+    return SystemPlan(
+        system="prfaas_pd", lambda_max=lam, n_prfaas=inputs.n_prfaas, n_p=n_p, n_d=n_d,
+        theta_prfaas=float(theta_prf[i]), theta_pd_p=float(theta_pdp[i]), theta_pd_d=theta_d,
+        threshold_tokens=t, offload_fraction=p,
+        l_long_tokens=float(curves.l_long[i]) if p > 0 else None,
+        l_short_tokens=float(curves.l_short[i]) if p < 1 else None,
+        egress_gbps=lam * p * float(curves.long_kv_bytes[i]) * 8 / 1e9 if p > 0 else 0.0,
+        ttft_mean_s=ttft[0], ttft_p90_s=ttft[1],
+        bottleneck=min(terms, key=lambda k: terms[k]),
+        extra={"prfaas_limited_by": "compute" if compute_bound <= float(theta_prf[i]) * 1.0000001
+               else "bandwidth", "mode": mode},
+    )
+
+
+def search_homogeneous(inputs: PlanInputs, n_total: int, mode: str) -> SystemPlan:
+    """Homogeneous PD on `n_total` instances of the PD hardware: best N_p:N_d."""
+    if n_total < 2:
+        raise InfeasibleError(f"baselines.homogeneous_pd.instances={n_total}: need at least 2")
+    service = mean_service_s(inputs.lengths, inputs.pd_prefill, mode)
+    best: SystemPlan | None = None
+    for n_p in range(1, n_total):
+        theta_p = n_p / service
+        theta_d = float(decode_rate(n_total - n_p, inputs.decode.bs_max,
+                                    inputs.decode.step_at(inputs.decode.bs_max),
+                                    inputs.output_tokens))
+        lam = min(theta_p, theta_d)
+        if best is None or lam > best.lambda_max * (1 + 1e-12):
+            ttft = ttft_stats(inputs, None, local_only=True)
+            best = SystemPlan("homogeneous_pd", lam, None, n_p, n_total - n_p, None, theta_p,
+                              theta_d, ttft_mean_s=ttft[0], ttft_p90_s=ttft[1],
+                              bottleneck="pd_p" if theta_p <= theta_d else "pd_d")
+    assert best is not None
+    return best
+
+
+def search_naive(inputs: PlanInputs, n_prefill: int, n_decode: int, mode: str) -> SystemPlan:
+    """All prefill on the PrfaaS hardware, all decode on the PD hardware, no routing."""
+    if n_prefill < 1 or n_decode < 1:
+        raise InfeasibleError(f"naive_heterogeneous prefill={n_prefill} decode={n_decode}: "
+                              "need at least one of each")
+    service = mean_service_s(inputs.lengths, inputs.prfaas_prefill, mode)
+    kv_bytes = inputs.kv.bytes_for(inputs.lengths.mean())
+    theta_prf = min(n_prefill / service, inputs.link_gbps * GBPS / kv_bytes)
+    theta_d = float(decode_rate(n_decode, inputs.decode.bs_max,
+                                inputs.decode.step_at(inputs.decode.bs_max), inputs.output_tokens))
+    lam = min(theta_prf, theta_d)
+    ttft = ttft_stats(inputs, -1)
+    return SystemPlan("naive_heterogeneous", lam, n_prefill, None, n_decode, theta_prf, None,
+                      theta_d, offload_fraction=1.0, egress_gbps=lam * kv_bytes * 8 / 1e9,
+                      ttft_mean_s=ttft[0], ttft_p90_s=ttft[1],
+                      bottleneck="prfaas" if theta_prf <= theta_d else "pd_d")
+
+
+def inputs_from_scenario(s: Scenario) -> PlanInputs:
+    return PlanInputs(
+        lengths=s.lengths, output_tokens=s.output_tokens, kv=s.kv,
+        prfaas_prefill=s.prfaas.hardware.require_prefill(),
+        pd_prefill=s.pd.hardware.require_prefill(), decode=s.pd.hardware.require_decode(),
+        n_prfaas=s.prfaas.instances, n_pd=s.pd.instances, link_gbps=s.link_gbps,
+        intra_gbps=s.intra_gbps, t_step_tokens=s.t_step_tokens,
+    )
+
+
+def plan_all(s: Scenario, mode: str | None = None) -> PlanResult:
+    """The three systems of Table 6 for scenario `s`."""
+    mode = mode or s.mode
+    inputs = inputs_from_scenario(s)
+    prfaas = search_prfaas_pd(inputs, mode)
+    homog = search_homogeneous(
+        PlanInputs(**{**inputs.__dict__, "pd_prefill": s.homogeneous.hardware.require_prefill(),
+                      "decode": s.homogeneous.hardware.require_decode()}),
+        s.homogeneous.instances, mode)
+    naive = search_naive(
+        PlanInputs(**{**inputs.__dict__,
+                      "prfaas_prefill": s.naive_prefill.hardware.require_prefill(),
+                      "decode": s.naive_decode.hardware.require_decode()}),
+        s.naive_prefill.instances, s.naive_decode.instances, mode)
+    points = threshold_grid(s.lengths, s.t_step_tokens).size * s.pd.instances
+    return PlanResult(mode, {"prfaas_pd": prfaas, "homogeneous_pd": homog,
+                             "naive_heterogeneous": naive}, points)

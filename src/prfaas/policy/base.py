@@ -1,0 +1,107 @@
+"""The routing-policy interface and its registry.
+
+A `Router` turns a `RouteQuery` (request + cached-prefix lengths per instance) and a
+`ClusterView` into a `RouteDecision`. It reads no clock (time is `view.now_s`) and holds no
+sockets, so the simulator and the live router call the same object.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from prfaas.core.errors import UnknownNameError
+from prfaas.core.types import (
+    PD_CLUSTER,
+    PRFAAS_CLUSTER,
+    ClusterView,
+    InstanceLoad,
+    Route,
+    RouteDecision,
+    RouteQuery,
+)
+
+
+class Router(ABC):
+    """Base of every routing policy."""
+
+    name: str = "router"
+
+    @abstractmethod
+    def route(self, query: RouteQuery, view: ClusterView) -> RouteDecision:
+        """Decide where the request's prefill and decode run."""
+
+    def threshold_tokens(self) -> int | None:
+        """The length threshold in force, if the policy has one."""
+        return None
+
+
+RouterFactory = Callable[..., Router]
+_REGISTRY: dict[str, RouterFactory] = {}
+
+
+def register(name: str) -> Callable[[RouterFactory], RouterFactory]:
+    def wrap(factory: RouterFactory) -> RouterFactory:
+        _REGISTRY[name] = factory
+        return factory
+    return wrap
+
+
+def make_router(name: str, **kwargs: Any) -> Router:
+    # importing the implementations fills the registry
+    from prfaas.policy import threshold  # noqa: F401
+
+    if name not in _REGISTRY:
+        raise UnknownNameError("policy", name, list(_REGISTRY))
+    return _REGISTRY[name](**kwargs)
+
+
+def router_names() -> list[str]:
+    from prfaas.policy import threshold  # noqa: F401
+
+    return sorted(_REGISTRY)
+
+
+def pick_prefill(query: RouteQuery, view: ClusterView, candidates: Sequence[InstanceLoad]
+                 ) -> tuple[InstanceLoad, int]:
+    """The candidate with the smallest predicted TTFT contribution (queue + own service time,
+    given its cached prefix); ties go to the longer cache, then the name. Returns it and its
+    cached tokens."""
+    req = query.request
+
+    def cost(inst: InstanceLoad) -> tuple[float, int, str]:
+        cached = min(query.cached_tokens.get(inst.instance_id, 0), req.input_tokens - 1)
+        cached = max(cached, 0)
+        service = view.prefill_time_s(inst.instance_id, req.input_tokens, cached)
+        return (inst.queued_work_s + service, -cached, inst.instance_id)
+
+    best = min(candidates, key=cost)
+    cached = max(min(query.cached_tokens.get(best.instance_id, 0), req.input_tokens - 1), 0)
+    return best, cached
+
+
+def pick_decode(view: ClusterView) -> InstanceLoad | None:
+    """The decode instance with the most free slots (then the fewest running, then name)."""
+    decoders = view.instances(PD_CLUSTER, "decode")
+    if not decoders:
+        return None
+    return min(decoders, key=lambda d: (-d.free_slots, d.running + d.queued_requests,
+                                        d.instance_id))
+
+
+def decide(query: RouteQuery, view: ClusterView, route: Route,
+           threshold: int | None) -> RouteDecision:
+    """Place the prefill in the chosen route's cluster and pick a decode instance."""
+    cluster = PRFAAS_CLUSTER if route is Route.PRFAAS else PD_CLUSTER
+    candidates = view.instances(cluster, "prefill")
+    if not candidates:
+        return RouteDecision.reject(f"no prefill instance in cluster {cluster}", threshold)
+    inst, cached = pick_prefill(query, view, candidates)
+    decoder = pick_decode(view)
+    return RouteDecision(
+        route=route, prefill_instance=inst.instance_id,
+        decode_instance=decoder.instance_id if decoder else None,
+        cached_tokens=cached, uncached_tokens=query.request.input_tokens - cached,
+        threshold_tokens=threshold,
+    )

@@ -1,0 +1,257 @@
+"""Scenarios: model, hardware profiles, clusters, link and workload in one YAML file.
+
+A scenario is validated once, when loaded: unknown keys are rejected and every error names the
+field and value. It is never mutated; planner, simulator and CLI read it. The schema:
+
+    name, description
+    model: catalog name or spec file (optional; used when `kv: {from: model}`)
+    kv: {from: model} | {fit: linear, points: [{length_tokens, mib | bytes}, ...]}
+    hardware: {<hw>: {gpus_per_instance, prefill: PREFILL, decode: {bs_max, step_s}}}
+        PREFILL = {fit: quadratic, points: [{length_tokens, time_s}, ...]}
+                | {scale_of: <hw>, factor: F}          (keep c0, scale the rest)
+                | {roofline: {gpu, mfu, overhead_s}}
+    clusters: {prfaas: {hardware, instances}, pd: {hardware, instances}}
+    baselines: {homogeneous_pd: {hardware, instances},
+                naive_heterogeneous: {prefill: {hardware, instances},
+                                      decode: {hardware, instances}}}
+    link: {gbps, intra_gbps}
+    workload: {input: LENGTHS, output_tokens}
+    planner: {t_step_tokens, mode}
+    reference: paper figures to print beside ours (optional, free-form)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from prfaas.core.errors import ConfigError, UnknownNameError
+from prfaas.models.catalog import resolve_model
+from prfaas.models.kv import geometry
+from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
+from prfaas.models.roofline import roofline_profile
+from prfaas.models.spec import ModelSpec
+from prfaas.workload.lengths import LengthDistribution, from_config
+
+MIB = 1024**2
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """`instances` instances of one hardware profile."""
+
+    hardware: HardwareProfile
+    instances: int
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    kv: KVSize
+    hardware: dict[str, HardwareProfile]
+    prfaas: Pool
+    pd: Pool
+    homogeneous: Pool
+    naive_prefill: Pool
+    naive_decode: Pool
+    link_gbps: float
+    intra_gbps: float
+    lengths: LengthDistribution
+    output_tokens: int
+    t_step_tokens: int
+    mode: str
+    model: ModelSpec | None = None
+    reference: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    path: str = ""
+
+
+_TOP_KEYS = {"name", "description", "model", "kv", "hardware", "clusters", "baselines", "link",
+             "workload", "planner", "reference", "simulation", "policy", "cache"}
+
+
+def _mapping(raw: object, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError(where, raw, "expected a mapping")
+    return raw
+
+
+def _check_keys(raw: dict[str, Any], allowed: set[str], where: str) -> None:
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError(f"{where}.{key}", raw[key],
+                              f"unknown key; allowed: {sorted(allowed)}")
+
+
+def _number(raw: dict[str, Any], key: str, where: str, positive: bool = True) -> float:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}.{key}", value, "missing or not a number")
+    if positive and value <= 0:
+        raise ConfigError(f"{where}.{key}", value, "must be positive")
+    return float(value)
+
+
+def _count(raw: dict[str, Any], key: str, where: str) -> int:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}.{key}", value, "missing or not an integer")
+    if value <= 0:
+        raise ConfigError(f"{where}.{key}", value, "must be at least 1")
+    return value
+
+
+def _kv(raw: dict[str, Any], model: ModelSpec | None) -> KVSize:
+    raw = _mapping(raw, "kv")
+    if raw.get("from") == "model":
+        if model is None:
+            raise ConfigError("kv.from", "model", "needs a `model:` in the scenario")
+        return KVSize.from_geometry(geometry(model))
+    _check_keys(raw, {"fit", "points", "source"}, "kv")
+    points = raw.get("points")
+    if not isinstance(points, list) or len(points) < 2:
+        raise ConfigError("kv.points", points, "need a list of >= 2 {length_tokens, mib|bytes}")
+    lengths, sizes = [], []
+    for i, p in enumerate(points):
+        p = _mapping(p, f"kv.points[{i}]")
+        lengths.append(_number(p, "length_tokens", f"kv.points[{i}]"))
+        sizes.append(_number(p, "bytes", f"kv.points[{i}]") if "bytes" in p
+                     else _number(p, "mib", f"kv.points[{i}]") * MIB)
+    return KVSize.fit(lengths, sizes, str(raw.get("source", "")))
+
+
+def _prefill(raw: object, where: str, built: dict[str, HardwareProfile], model: ModelSpec | None,
+             gpus: int) -> PrefillTime:
+    raw = _mapping(raw, where)
+    if "scale_of" in raw:
+        _check_keys(raw, {"scale_of", "factor", "source"}, where)
+        base = built.get(str(raw["scale_of"]))
+        if base is None or base.prefill is None:
+            raise ConfigError(f"{where}.scale_of", raw["scale_of"],
+                              "must name a hardware with a prefill profile defined above it")
+        return base.prefill.scaled(_number(raw, "factor", where), str(raw.get("source", "")))
+    if "roofline" in raw:
+        if model is None:
+            raise ConfigError(f"{where}.roofline", raw["roofline"], "needs a `model:`")
+        r = _mapping(raw["roofline"], f"{where}.roofline")
+        _check_keys(r, {"gpu", "mfu", "overhead_s"}, f"{where}.roofline")
+        prof = roofline_profile(model, str(r.get("gpu")), gpus, float(r.get("mfu", 0.4)),
+                                float(r.get("overhead_s", 0.3)))
+        assert prof.prefill is not None
+        return prof.prefill
+    _check_keys(raw, {"fit", "points", "source"}, where)
+    points = raw.get("points")
+    if not isinstance(points, list):
+        raise ConfigError(f"{where}.points", points, "need a list of {length_tokens, time_s}")
+    xs = [_number(_mapping(p, f"{where}.points[{i}]"), "length_tokens", f"{where}.points[{i}]")
+          for i, p in enumerate(points)]
+    ys = [_number(p, "time_s", f"{where}.points[{i}]") for i, p in enumerate(points)]
+    return PrefillTime.fit(xs, ys, str(raw.get("source", "")))
+
+
+def _decode(raw: object, where: str) -> DecodeTime:
+    raw = _mapping(raw, where)
+    _check_keys(raw, {"bs_max", "step_s", "step_points", "source"}, where)
+    points: tuple[tuple[int, float], ...] = ()
+    if "step_points" in raw:
+        points = tuple((int(p["batch"]), float(p["step_s"])) for p in raw["step_points"])
+    bs_max = _count(raw, "bs_max", where)
+    step = (_number(raw, "step_s", where) if "step_s" in raw
+            else dict(points).get(bs_max, points[-1][1] if points else 0.0))
+    return DecodeTime(bs_max, step, points, str(raw.get("source", "")))
+
+
+def _hardware(raw: object, kv: KVSize, model: ModelSpec | None) -> dict[str, HardwareProfile]:
+    built: dict[str, HardwareProfile] = {}
+    for name, spec in _mapping(raw, "hardware").items():
+        where = f"hardware.{name}"
+        spec = _mapping(spec, where)
+        _check_keys(spec, {"gpus_per_instance", "prefill", "decode", "notes", "gpu"}, where)
+        gpus = _count(spec, "gpus_per_instance", where)
+        prefill = _prefill(spec["prefill"], f"{where}.prefill", built, model, gpus) \
+            if "prefill" in spec else None
+        decode = _decode(spec["decode"], f"{where}.decode") if "decode" in spec else None
+        built[name] = HardwareProfile(name, gpus, prefill, decode, kv, str(spec.get("notes", "")))
+    return built
+
+
+def _pool(raw: object, where: str, hardware: dict[str, HardwareProfile]) -> Pool:
+    raw = _mapping(raw, where)
+    _check_keys(raw, {"hardware", "instances", "gpus"}, where)
+    hw_name = raw.get("hardware")
+    if hw_name not in hardware:
+        raise UnknownNameError(f"{where}.hardware", hw_name, list(hardware))
+    return Pool(hardware[str(hw_name)], _count(raw, "instances", where))
+
+
+def parse_scenario(raw: object, path: str = "") -> Scenario:
+    raw = _mapping(raw, "scenario")
+    _check_keys(raw, _TOP_KEYS, "scenario")
+    model = resolve_model(str(raw["model"])) if raw.get("model") else None
+    kv = _kv(raw.get("kv", {"from": "model"}), model)
+    hardware = _hardware(raw.get("hardware"), kv, model)
+    clusters = _mapping(raw.get("clusters"), "clusters")
+    baselines = _mapping(raw.get("baselines", {}), "baselines")
+    prfaas = _pool(clusters.get("prfaas"), "clusters.prfaas", hardware)
+    pd = _pool(clusters.get("pd"), "clusters.pd", hardware)
+    homog = _pool(baselines.get("homogeneous_pd", {"hardware": pd.hardware.name,
+                  "instances": prfaas.instances + pd.instances}), "baselines.homogeneous_pd",
+                  hardware)
+    naive = _mapping(baselines.get("naive_heterogeneous", {}), "baselines.naive_heterogeneous")
+    naive_p = _pool(naive.get("prefill", {"hardware": prfaas.hardware.name,
+                    "instances": prfaas.instances}), "baselines.naive_heterogeneous.prefill",
+                    hardware)
+    naive_d = _pool(naive.get("decode", {"hardware": pd.hardware.name,
+                    "instances": pd.instances}), "baselines.naive_heterogeneous.decode", hardware)
+    if pd.instances < 2:
+        raise ConfigError("clusters.pd.instances", pd.instances,
+                          "the PD cluster needs at least 2 instances (one prefill, one decode)")
+    link = _mapping(raw.get("link"), "link")
+    _check_keys(link, {"gbps", "intra_gbps", "schedule", "connections", "per_connection_gbps",
+                       "pipelined"}, "link")
+    workload = _mapping(raw.get("workload"), "workload")
+    _check_keys(workload, {"input", "output_tokens", "trace", "arrivals"}, "workload")
+    planner = _mapping(raw.get("planner", {}), "planner")
+    _check_keys(planner, {"t_step_tokens", "mode"}, "planner")
+    mode = str(planner.get("mode", "paper"))
+    if mode not in ("paper", "exact"):
+        raise ConfigError("planner.mode", mode, "must be paper or exact")
+    return Scenario(
+        name=str(raw.get("name", Path(path).stem)), description=str(raw.get("description", "")),
+        kv=kv, hardware=hardware, prfaas=prfaas, pd=pd, homogeneous=homog,
+        naive_prefill=naive_p, naive_decode=naive_d,
+        link_gbps=_number(link, "gbps", "link"),
+        intra_gbps=_number(link, "intra_gbps", "link") if "intra_gbps" in link else 800.0,
+        lengths=from_config(_mapping(workload.get("input"), "workload.input")),
+        output_tokens=_count(workload, "output_tokens", "workload"),
+        t_step_tokens=int(planner.get("t_step_tokens", 100)), mode=mode, model=model,
+        reference=dict(raw.get("reference") or {}), raw=raw, path=path,
+    )
+
+
+def builtin_scenarios() -> list[str]:
+    folder = resources.files("prfaas.data").joinpath("scenarios")
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """Load a built-in scenario by name, or a YAML file by path."""
+    path = Path(name_or_path)
+    if path.is_file():
+        text = path.read_text()
+    else:
+        builtin = resources.files("prfaas.data").joinpath("scenarios", f"{name_or_path}.yaml")
+        if not builtin.is_file():
+            raise UnknownNameError("scenario", name_or_path, builtin_scenarios())
+        text, path = builtin.read_text(), Path(str(builtin))
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError("scenario", str(path), f"not valid YAML ({err})") from None
+    return parse_scenario(raw, str(path))
