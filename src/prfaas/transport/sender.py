@@ -1,0 +1,265 @@
+"""KVSender: stream tensors of a request to one KVReceiver over N TCP connections.
+
+`send_array` cuts a tensor into chunks and queues each on the least-loaded connection; it
+returns once the chunks are queued (so the caller can compute the next layer) and blocks only
+when `max_inflight_bytes` are queued but not yet sent (backpressure). `finish` sends an END
+frame on every connection and waits until all the request's frames are in the kernel. One
+token bucket, shared by all connections, shapes the link when `rate_gbps` is set.
+A failed connection breaks the sender: every pending and later call raises that error, and
+the caller opens a new sender. Arrays must not be modified until `finish` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from prfaas.core.errors import ConfigError, TransportError
+from prfaas.core.units import MIB
+from prfaas.transport.errors import ConnectFailed
+from prfaas.transport.monitor import LinkMonitor
+from prfaas.transport.shaper import TokenBucket
+from prfaas.transport.sockio import send_all, translate, tune, with_timeout
+from prfaas.transport.tcpinfo import tcp_retransmits
+from prfaas.transport.wire import EndInfo, Kind, abort_frame, data_header, dtype_code, end_frame
+from prfaas.transport.wire import kind_code as to_kind
+
+
+@dataclass(frozen=True, slots=True)
+class SenderConfig:
+    num_connections: int = 4
+    chunk_bytes: int = MIB
+    max_inflight_bytes: int = 64 * MIB
+    rate_gbps: float | None = None  # None: unshaped
+    burst_bytes: int | None = None  # None: TokenBucket's default
+    connect_timeout_s: float = 5.0
+    io_timeout_s: float = 30.0  # one frame into the kernel
+    finish_timeout_s: float = 300.0  # a whole request's queued frames into the kernel
+
+    def __post_init__(self) -> None:
+        for name in ("num_connections", "chunk_bytes", "max_inflight_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, getattr(self, name), "must be positive")
+        for name in ("connect_timeout_s", "io_timeout_s", "finish_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, getattr(self, name), "must be positive")
+        if self.rate_gbps is not None and not self.rate_gbps > 0:
+            raise ConfigError("rate_gbps", self.rate_gbps, "must be positive or None")
+
+
+@dataclass(slots=True)
+class _Frame:
+    request_id: int
+    header: bytes
+    payload: memoryview | bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.header) + len(self.payload)
+
+
+@dataclass(slots=True)
+class _Request:
+    num_tensors: int = 0
+    tensor_bytes: int = 0
+    unsent_frames: int = 0
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(slots=True)
+class _Stream:
+    sock: socket.socket
+    queue: asyncio.Queue[_Frame] = field(default_factory=asyncio.Queue)
+    queued_bytes: int = 0
+    sent_bytes: int = 0
+    sent_frames: int = 0
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SenderStats:
+    sent_bytes: int
+    sent_frames: int
+    per_connection_bytes: tuple[int, ...]
+    pending_bytes: int
+    retransmits: int
+
+
+class KVSender:
+    def __init__(self, host: str, port: int, config: SenderConfig | None = None,
+                 monitor: LinkMonitor | None = None) -> None:
+        self.host, self.port = host, port
+        self.config = config or SenderConfig()
+        self.monitor = monitor
+        self._bucket = (TokenBucket(self.config.rate_gbps, self.config.burst_bytes)
+                        if self.config.rate_gbps else None)
+        self._streams: list[_Stream] = []
+        self._requests: dict[int, _Request] = {}
+        self._inflight_bytes = 0
+        self._space = asyncio.Condition()
+        self._error: TransportError | None = None
+        if monitor is not None:
+            monitor.add_retransmit_source(self.tcp_retransmits)
+
+    async def __aenter__(self) -> KVSender:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        for i in range(self.config.num_connections):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tune(sock)
+            what = f"connect {self.host}:{self.port} (connection {i})"
+            try:
+                await with_timeout(loop.sock_connect(sock, (self.host, self.port)),
+                                   self.config.connect_timeout_s, what)
+            except TransportError as exc:
+                sock.close()
+                await self.close()
+                raise ConnectFailed(str(exc)) from exc
+            stream = _Stream(sock)
+            stream.task = asyncio.create_task(self._pump(i, stream))
+            self._streams.append(stream)
+
+    async def send_array(self, request_id: int, layer: int, kind: str | Kind, name: str,
+                         array: np.ndarray, *, bfloat16: bool = False) -> None:
+        """Queue one tensor; returns when every chunk is queued (not yet sent)."""
+        self._check()
+        code, kind_c = dtype_code(array, bfloat16), to_kind(kind)
+        array = np.ascontiguousarray(array)
+        view = array.reshape(-1).view(np.uint8).data
+        req = self._requests.setdefault(request_id, _Request())
+        req.num_tensors += 1
+        req.tensor_bytes += len(view)
+        step = self.config.chunk_bytes
+        for offset in range(0, max(len(view), 1), step):
+            chunk = view[offset : offset + step]
+            header = data_header(request_id, layer, kind_c, name, code, tuple(array.shape),
+                                 len(view), offset, chunk)
+            await self._enqueue(_Frame(request_id, header, chunk), self._least_loaded())
+
+    async def finish(self, request_id: int, timeout_s: float | None = None) -> None:
+        """Send END on every connection; wait until all of the request's frames are sent."""
+        self._check()
+        req = self._requests.setdefault(request_id, _Request())
+        n = len(self._streams)
+        for i, stream in enumerate(self._streams):
+            info = EndInfo(req.num_tensors, req.tensor_bytes, n, i)
+            await self._enqueue(_Frame(request_id, end_frame(request_id, info), b""), stream)
+        await self._await_drained(request_id, req, timeout_s)
+
+    async def abort(self, request_id: int, reason: str) -> None:
+        """Tell the receiver the request is abandoned (it fails the request's waiter)."""
+        self._check()
+        req = self._requests.setdefault(request_id, _Request())
+        await self._enqueue(_Frame(request_id, abort_frame(request_id, reason), b""),
+                            self._least_loaded())
+        await self._await_drained(request_id, req, None)
+
+    async def close(self) -> None:
+        for stream in self._streams:
+            if stream.task is not None:
+                stream.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TransportError):
+                    await stream.task
+            stream.sock.close()
+        self._streams.clear()
+
+    def stats(self) -> SenderStats:
+        per = tuple(s.sent_bytes for s in self._streams)
+        return SenderStats(sum(per), sum(s.sent_frames for s in self._streams), per,
+                           self._inflight_bytes, self.tcp_retransmits())
+
+    def tcp_retransmits(self) -> int:
+        return sum(tcp_retransmits(s.sock) for s in self._streams)
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if not self._streams:
+            raise ConnectFailed(f"sender to {self.host}:{self.port} is not connected")
+
+    def _least_loaded(self) -> _Stream:
+        return min(self._streams, key=lambda s: s.queued_bytes)
+
+    async def _enqueue(self, frame: _Frame, stream: _Stream) -> None:
+        n = frame.nbytes
+        async with self._space:
+            # A frame bigger than the whole budget still passes when nothing else is in flight.
+            await self._space.wait_for(lambda: self._error is not None or self._inflight_bytes
+                                       == 0 or self._inflight_bytes + n <= self.config
+                                       .max_inflight_bytes)
+        self._check()
+        self._inflight_bytes += n
+        stream.queued_bytes += n
+        if self.monitor is not None:
+            self.monitor.add_pending(n)
+        req = self._requests[frame.request_id]
+        req.unsent_frames += 1
+        req.drained.clear()
+        stream.queue.put_nowait(frame)
+
+    async def _await_drained(self, request_id: int, req: _Request, timeout_s: float | None
+                             ) -> None:
+        timeout = self.config.finish_timeout_s if timeout_s is None else timeout_s
+        wait = asyncio.ensure_future(req.drained.wait())
+        try:
+            await with_timeout(asyncio.wait([wait, *self._pump_tasks()],
+                                            return_when=asyncio.FIRST_COMPLETED),
+                               timeout, f"request {request_id}: sending its frames")
+        finally:
+            wait.cancel()
+        self._check()
+        if not req.drained.is_set():
+            raise TransportError(f"request {request_id}: a connection closed before it was sent")
+        del self._requests[request_id]
+
+    def _pump_tasks(self) -> list[asyncio.Task[None]]:
+        return [s.task for s in self._streams if s.task is not None]
+
+    async def _pump(self, index: int, stream: _Stream) -> None:
+        """Write one connection's frames in order; the first failure breaks the sender."""
+        what = f"send to {self.host}:{self.port} (connection {index})"
+        try:
+            while True:
+                frame = await stream.queue.get()
+                if self._bucket is not None:
+                    await self._bucket.acquire(frame.nbytes)
+                await with_timeout(send_all(stream.sock, frame.header), self.config.io_timeout_s,
+                                   what)
+                if frame.payload:
+                    await with_timeout(send_all(stream.sock, frame.payload),
+                                       self.config.io_timeout_s, what)
+                await self._sent(stream, frame)
+        except (TransportError, OSError) as exc:
+            await self._fail(translate(exc, what))
+
+    async def _sent(self, stream: _Stream, frame: _Frame) -> None:
+        n = frame.nbytes
+        stream.queued_bytes -= n
+        stream.sent_bytes += n
+        stream.sent_frames += 1
+        if self.monitor is not None:
+            self.monitor.remove_pending(n)
+            self.monitor.record_sent(n)
+        req = self._requests[frame.request_id]
+        req.unsent_frames -= 1
+        if req.unsent_frames == 0:
+            req.drained.set()
+        async with self._space:
+            self._inflight_bytes -= n
+            self._space.notify_all()
+
+    async def _fail(self, exc: TransportError) -> None:
+        if self._error is None:
+            self._error = exc
+        async with self._space:
+            self._space.notify_all()

@@ -1,0 +1,272 @@
+"""The KV wire format: a fixed 116-byte little-endian header, then raw payload bytes.
+
+Every frame is `HEADER` followed by `chunk_bytes` of payload. DATA frames carry one chunk of one
+tensor (a tensor larger than a chunk is split into several frames, possibly on different
+connections); END frames carry an `EndInfo` payload; ABORT frames carry a UTF-8 reason. The byte
+table lives in docs/wire-format.md. Nothing here touches sockets: `decode_header` validates
+every field against `Limits` and raises a typed `TransportError` naming the bad value.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TypeVar
+
+import numpy as np
+
+from prfaas.transport.errors import BadHeader, BadMagic, BadShape, ChecksumMismatch, FrameTooLarge
+
+MAGIC = b"PKV1"
+VERSION = 1
+MAX_NDIM = 6
+NAME_BYTES = 16
+# magic, version, frame type, kind, dtype, request id, layer, ndim, (3 pad), name, shape[6],
+# total bytes, chunk offset, chunk bytes, payload crc32; the header crc32 follows.
+_BODY = struct.Struct("<4sBBBBQIB3x16s6QQQII")
+_CRC = struct.Struct("<I")
+HEADER_BYTES = _BODY.size + _CRC.size  # 116
+_END = struct.Struct("<QQII")  # tensors, tensor bytes, streams, this stream's index
+_E = TypeVar("_E", bound=IntEnum)
+
+
+class FrameType(IntEnum):
+    DATA = 1
+    END = 2
+    ABORT = 3
+
+
+class Kind(IntEnum):
+    """Attention kind of the layer a tensor belongs to (NONE for request-level data)."""
+
+    NONE = 0
+    MLA = 1
+    GQA = 2
+    SWA = 3
+    LINEAR = 4
+
+
+class DType(IntEnum):
+    FLOAT32 = 1
+    FLOAT16 = 2
+    BFLOAT16 = 3  # raw 2-byte words; numpy has no bf16, so it travels as uint16
+    INT32 = 4
+    INT64 = 5
+    UINT8 = 6
+
+
+_NUMPY_OF: dict[DType, np.dtype] = {
+    DType.FLOAT32: np.dtype("<f4"),
+    DType.FLOAT16: np.dtype("<f2"),
+    DType.BFLOAT16: np.dtype("<u2"),
+    DType.INT32: np.dtype("<i4"),
+    DType.INT64: np.dtype("<i8"),
+    DType.UINT8: np.dtype("u1"),
+}
+_CODE_OF: dict[str, DType] = {
+    "float32": DType.FLOAT32,
+    "float16": DType.FLOAT16,
+    "int32": DType.INT32,
+    "int64": DType.INT64,
+    "uint8": DType.UINT8,
+}
+
+
+def numpy_dtype(code: DType) -> np.dtype:
+    return _NUMPY_OF[code]
+
+
+def dtype_code(array: np.ndarray, bfloat16: bool = False) -> DType:
+    """Wire dtype of `array`; `bfloat16=True` marks a uint16 array holding bf16 words."""
+    if bfloat16:
+        if array.dtype.itemsize != 2:
+            raise BadShape(f"dtype={array.dtype}: bfloat16 payloads must be 2-byte words")
+        return DType.BFLOAT16
+    code = _CODE_OF.get(array.dtype.name)
+    if code is None:
+        known = ", ".join([*_CODE_OF, "bfloat16"])
+        raise BadShape(f"dtype={array.dtype}: not sendable; known: {known}")
+    return code
+
+
+def kind_code(kind: str | Kind) -> Kind:
+    if isinstance(kind, Kind):
+        return kind
+    try:
+        return Kind[kind.upper()]
+    except KeyError:
+        raise BadHeader(f"kind={kind!r}: unknown; known: mla, gqa, swa, linear, none") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a receiver accepts; anything beyond is refused before memory is allocated."""
+
+    max_chunk_bytes: int = 64 * 2**20
+    max_tensor_bytes: int = 8 * 2**30
+    max_abort_bytes: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    frame_type: FrameType
+    request_id: int
+    layer: int
+    kind: Kind
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    total_bytes: int
+    chunk_offset: int
+    chunk_bytes: int
+    payload_crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndInfo:
+    """END payload: what the whole request carried, and which of the sender's streams this is."""
+
+    num_tensors: int
+    tensor_bytes: int
+    num_streams: int
+    stream_index: int
+
+
+def encode_header(h: FrameHeader) -> bytes:
+    name = h.name.encode()
+    if len(name) > NAME_BYTES:
+        raise BadShape(f"name={h.name!r}: longer than {NAME_BYTES} UTF-8 bytes")
+    if len(h.shape) > MAX_NDIM:
+        raise BadShape(f"shape={h.shape}: more than {MAX_NDIM} dimensions")
+    shape6 = (*h.shape, *([0] * (MAX_NDIM - len(h.shape))))
+    body = _BODY.pack(
+        MAGIC, VERSION, h.frame_type, h.kind, h.dtype, h.request_id, h.layer, len(h.shape),
+        name, *shape6, h.total_bytes, h.chunk_offset, h.chunk_bytes, h.payload_crc,
+    )
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def decode_header(raw: bytes | bytearray | memoryview, limits: Limits) -> FrameHeader:
+    """Parse and validate one header; raises BadMagic, ChecksumMismatch, BadHeader, BadShape or
+    FrameTooLarge naming the offending field."""
+    body = bytes(raw[: _BODY.size])
+    fields = _BODY.unpack(body)
+    magic, version, ftype, kind, dtype, rid, layer, ndim, name_raw = fields[:9]
+    shape6, (total, offset, chunk, pcrc) = fields[9:15], fields[15:]
+    if magic != MAGIC:
+        raise BadMagic(f"magic={magic!r}: expected {MAGIC!r}")
+    if version != VERSION:
+        raise BadMagic(f"version={version}: this receiver speaks version {VERSION}")
+    (want_crc,) = _CRC.unpack(bytes(raw[_BODY.size : HEADER_BYTES]))
+    if zlib.crc32(body) != want_crc:
+        raise ChecksumMismatch(f"header crc32={want_crc:#010x}: computed {zlib.crc32(body):#010x}")
+    h = FrameHeader(
+        frame_type=_enum(FrameType, ftype, "frame_type"),
+        request_id=rid,
+        layer=layer,
+        kind=_enum(Kind, kind, "kind"),
+        name=_decode_name(name_raw),
+        dtype=_enum(DType, dtype, "dtype"),
+        shape=_shape(ndim, shape6),
+        total_bytes=total,
+        chunk_offset=offset,
+        chunk_bytes=chunk,
+        payload_crc=pcrc,
+    )
+    _check_lengths(h, limits)
+    return h
+
+
+def _enum(cls: type[_E], value: int, field: str) -> _E:
+    try:
+        return cls(value)
+    except ValueError:
+        raise BadHeader(f"{field}={value}: unknown code") from None
+
+
+def _decode_name(raw: bytes) -> str:
+    try:
+        return raw.rstrip(b"\0").decode()
+    except UnicodeDecodeError:
+        raise BadHeader(f"name={raw!r}: not UTF-8") from None
+
+
+def _shape(ndim: int, shape6: tuple[int, ...]) -> tuple[int, ...]:
+    if ndim > MAX_NDIM:
+        raise BadShape(f"ndim={ndim}: more than {MAX_NDIM}")
+    if any(shape6[ndim:]):
+        raise BadShape(f"shape={shape6}: nonzero dims beyond ndim={ndim}")
+    return tuple(shape6[:ndim])
+
+
+def _check_lengths(h: FrameHeader, limits: Limits) -> None:
+    if h.frame_type == FrameType.ABORT:
+        if h.chunk_bytes > limits.max_abort_bytes:
+            raise FrameTooLarge(f"abort reason chunk_bytes={h.chunk_bytes}: limit "
+                                f"{limits.max_abort_bytes}")
+        return
+    if h.chunk_bytes > limits.max_chunk_bytes:
+        raise FrameTooLarge(f"chunk_bytes={h.chunk_bytes}: limit {limits.max_chunk_bytes}")
+    if h.total_bytes > limits.max_tensor_bytes:
+        raise FrameTooLarge(f"total_bytes={h.total_bytes}: limit {limits.max_tensor_bytes}")
+    want = math.prod(h.shape) * _NUMPY_OF[h.dtype].itemsize
+    if want != h.total_bytes:
+        raise BadShape(f"shape={h.shape} dtype={h.dtype.name} is {want} bytes, "
+                       f"header says total_bytes={h.total_bytes}")
+    if h.chunk_offset + h.chunk_bytes > h.total_bytes:
+        raise BadShape(f"chunk [{h.chunk_offset}, +{h.chunk_bytes}) beyond "
+                       f"total_bytes={h.total_bytes}")
+    if h.chunk_bytes == 0 and h.total_bytes > 0:
+        raise BadShape("chunk_bytes=0 in a non-empty tensor")
+    if h.frame_type == FrameType.END and h.total_bytes != _END.size:
+        raise BadShape(f"END payload total_bytes={h.total_bytes}: expected {_END.size}")
+
+
+def data_header(request_id: int, layer: int, kind: Kind, name: str, dtype: DType,
+                shape: tuple[int, ...], total_bytes: int, chunk_offset: int,
+                payload: memoryview) -> bytes:
+    return encode_header(FrameHeader(
+        FrameType.DATA, request_id, layer, kind, name, dtype, shape, total_bytes,
+        chunk_offset, len(payload), zlib.crc32(payload),
+    ))
+
+
+def end_frame(request_id: int, info: EndInfo) -> bytes:
+    payload = _END.pack(info.num_tensors, info.tensor_bytes, info.num_streams, info.stream_index)
+    header = encode_header(FrameHeader(
+        FrameType.END, request_id, 0, Kind.NONE, "", DType.UINT8, (len(payload),),
+        len(payload), 0, len(payload), zlib.crc32(payload),
+    ))
+    return header + payload
+
+
+def decode_end(payload: bytes | bytearray | memoryview) -> EndInfo:
+    tensors, tensor_bytes, streams, index = _END.unpack(bytes(payload))
+    if streams == 0 or index >= streams:
+        raise BadShape(f"END stream_index={index} of num_streams={streams}")
+    return EndInfo(tensors, tensor_bytes, streams, index)
+
+
+def abort_frame(request_id: int, reason: str) -> bytes:
+    payload = reason.encode()[:4096]
+    header = encode_header(FrameHeader(
+        FrameType.ABORT, request_id, 0, Kind.NONE, "", DType.UINT8, (len(payload),),
+        len(payload), 0, len(payload), zlib.crc32(payload),
+    ))
+    return header + payload
+
+
+def trusted_request_id(raw: bytes | bytearray | memoryview) -> int | None:
+    """The request id of a header whose magic, version and crc are good (even if other fields
+    are not), so a receiver can fail that request; None when the header cannot be trusted."""
+    body = bytes(raw[: _BODY.size])
+    if len(raw) < HEADER_BYTES or body[:4] != MAGIC or body[4] != VERSION:
+        return None
+    (want_crc,) = _CRC.unpack(bytes(raw[_BODY.size : HEADER_BYTES]))
+    if zlib.crc32(body) != want_crc:
+        return None
+    request_id: int = _BODY.unpack(body)[5]
+    return request_id

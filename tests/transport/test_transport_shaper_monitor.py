@@ -1,0 +1,64 @@
+"""Token bucket and link monitor under an injected clock (no sleeps, exact numbers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prfaas.core.errors import ConfigError
+from prfaas.transport.monitor import LinkMonitor
+from prfaas.transport.shaper import TokenBucket
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_bucket_passes_the_burst_then_paces_at_the_rate() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(rate_gbps=8.0, burst_bytes=1_000_000, clock=clock)  # 1e9 B/s
+    assert bucket.take(1_000_000) == 0.0
+    assert bucket.take(500_000) == pytest.approx(0.0005)
+    # Concurrent callers queue behind the debt: the second waits for both.
+    assert bucket.take(500_000) == pytest.approx(0.001)
+    clock.now_s += 0.001
+    assert bucket.take(0) == pytest.approx(0.0)
+    clock.now_s += 10.0  # a long idle refills only up to the burst
+    assert bucket.take(3_000_000) == pytest.approx(0.002)
+
+
+def test_bucket_frame_larger_than_burst_takes_its_link_time() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(rate_gbps=0.8, burst_bytes=1000, clock=clock)  # 1e8 B/s
+    assert bucket.take(100_001_000) == pytest.approx(1.0)
+
+
+def test_bucket_rejects_bad_rates() -> None:
+    with pytest.raises(ConfigError, match="rate_gbps=0"):
+        TokenBucket(rate_gbps=0)
+    with pytest.raises(ConfigError, match="burst_bytes=-1"):
+        TokenBucket(rate_gbps=1, burst_bytes=-1)
+
+
+def test_monitor_window_rate_pending_and_retransmits() -> None:
+    clock = FakeClock()
+    monitor = LinkMonitor(window_s=2.0, clock=clock)
+    monitor.add_retransmit_source(lambda: 3)
+    monitor.add_retransmit_source(lambda: 4)
+    monitor.add_pending(5000)
+    monitor.record_sent(1000)
+    monitor.remove_pending(1000)
+    clock.now_s += 1.5
+    monitor.record_sent(3000)
+    monitor.remove_pending(3000)
+    sample = monitor.sample()
+    assert sample.egress_bytes_per_s == pytest.approx(2000.0)
+    assert sample.egress_gbps == pytest.approx(16e-6)
+    assert (sample.pending_bytes, sample.retransmits, sample.total_sent_bytes) == (1000, 7, 4000)
+    clock.now_s += 1.0  # the first record leaves the window
+    assert monitor.egress_bytes_per_s() == pytest.approx(1500.0)
+    clock.now_s += 5.0
+    assert monitor.egress_bytes_per_s() == 0.0
