@@ -1,0 +1,5 @@
+"""`python -m prfaas` runs the CLI."""
+
+from prfaas.cli import main
+
+main()
