@@ -32,7 +32,8 @@ def _tokens(value: Any) -> str:
 def plan_table(result: PlanResult, reference: dict[str, Any] | None = None) -> Table:
     """Rows = metrics, columns = systems; the paper's figure in parentheses where known."""
     reference = reference or {}
-    table = Table(title=f"Throughput plan (mode: {result.mode}; paper's figure in parentheses)")
+    note = "; paper's figure in parentheses" if reference else ""
+    table = Table(title=f"Throughput plan (mode: {result.mode}{note})")
     table.add_column("")
     for name in SYSTEMS:
         table.add_column(TITLES[name], justify="right")
