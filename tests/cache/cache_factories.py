@@ -27,7 +27,7 @@ def make_pool(capacity_bytes: int | None = None, policy: str = "every_block", k:
               geometry: KVGeometry | None = None, listener: PoolListener | None = None,
               pool_id: str = "p0") -> HybridPrefixPool:
     config = PoolConfig(capacity_bytes=capacity_bytes, block_size_tokens=BS,
-                        snapshot_policy=policy, snapshot_every_k=k)
+                        snapshot_policy=policy, snapshot_every_k=k)  # type: ignore[arg-type]
     return HybridPrefixPool(pool_id, geometry or hybrid_geometry(), config, listener)
 
 

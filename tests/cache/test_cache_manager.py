@@ -97,18 +97,42 @@ def test_dense_and_linear_only_rules() -> None:
 
 @pytest.mark.parametrize("policy", ["every_block", "every_k", "request_end"])
 def test_manager_agrees_with_every_pool_under_random_churn(policy: str) -> None:
+    # Small pools, shared prefixes, pins held across inserts: the fast search's prefix-closure
+    # assumption must hold for real pools, so both searches must equal the pools' own answers.
     rng = random.Random(7)
     manager, pools = setup(n_per_cluster=3, capacity=40 * 8 + 10 * 100, policy=policy, k=3)
     prefixes = [chain(12, base=1000 * j) for j in range(6)]
-    for _ in range(300):
-        pool = pools[rng.choice(list(pools))]
+    pinned: list[tuple[str, list[int], int]] = []
+    checks = 0
+    for _ in range(600):
+        name = rng.choice(list(pools))
+        pool = pools[name]
         req = rng.choice(prefixes)[: rng.randint(1, 12)]
-        if rng.random() < 0.8:
+        action = rng.random()
+        if action < 0.6:
             pool.insert(req, len(req) * BS + rng.randint(0, BS - 1))
+        elif action < 0.7:
+            hit = pool.match(req)
+            if hit and pool.acquire(req, hit):
+                pinned.append((name, req, hit))
+        elif action < 0.8 and pinned:
+            owner, held, hit = pinned.pop(rng.randrange(len(pinned)))
+            pools[owner].release(held, hit)
         else:
-            m = manager.match(req)
-            for name, p in pools.items():
-                assert m.per_instance[name] == p.match(req), (name, req)
+            want = {n: p.match(req) for n, p in pools.items()}
+            assert manager.match(req).per_instance == want, req
+            assert manager.match(req, exact=True).per_instance == want, req
+            checks += 1
+    assert checks > 50
+    assert sum(p.stats.evictions for p in pools.values()) > 100  # the churn really evicted
+
+
+def test_exact_search_handles_a_listener_with_holes() -> None:
+    # A listener that breaks prefix closure (block 1 missing): only exact=True is reliable.
+    manager = GlobalKVCacheManager(BS, needs_snapshots=False)
+    manager.add_instance("x", "pd")
+    manager.on_insert("x", [10, 12, 13], [])
+    assert manager.match([10, 11, 12, 13], exact=True).per_instance["x"] == 1
 
 
 def test_registration_errors() -> None:
@@ -120,3 +144,15 @@ def test_registration_errors() -> None:
         manager.on_insert("ghost", [1], [1])
     with pytest.raises(ConfigError, match="block_size_tokens=0"):
         GlobalKVCacheManager(0)
+
+
+def test_attach_announces_existing_contents() -> None:
+    pool = make_pool(policy="every_k", k=2)
+    a = chain(5)
+    pool.insert(a, 5 * BS)
+    manager = GlobalKVCacheManager(BS)
+    manager.add_instance("p0", "pd")
+    assert manager.match(a).per_instance["p0"] == 0
+    pool.attach(manager)
+    assert manager.match(a).per_instance["p0"] == 5
+    assert manager.match(a[:3]).per_instance["p0"] == 2

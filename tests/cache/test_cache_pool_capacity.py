@@ -90,7 +90,7 @@ def test_capacity_smaller_than_one_request_is_a_config_error() -> None:
 ])
 def test_bad_pool_config_is_rejected(field: str, kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError, match=field):
-        PoolConfig(**kwargs)
+        PoolConfig(**kwargs)  # type: ignore[arg-type]
 
 
 def test_negative_sizes_and_bad_hashes_are_rejected() -> None:

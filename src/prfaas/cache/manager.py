@@ -4,19 +4,17 @@ Pools report inserts and evictions (it is their `PoolListener`), so the index is
 current as the pools. Instances are registered with their cluster and the pool they read from:
 one pool per instance, or one pool shared by many instances (a cluster-wide "global" pool).
 Index: block hash -> bitmask of pools holding the block, and block hash -> bitmask of pools
-holding a state snapshot after it. A lookup ANDs the masks along the request's chain (in C,
-via itertools), stops where no pool is left, then walks back once to give each pool its
-longest boundary that also has a snapshot: the same hybrid rule as `HybridPrefixPool.match`.
+holding a state snapshot after it (Python ints as bitsets). A lookup applies the same hybrid
+rule as `HybridPrefixPool.match` to every pool at once (prefix_search.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, compress, repeat
-from operator import and_
 
 from prfaas.cache.layout import CacheLayout
+from prfaas.cache.prefix_search import closed_hits, exact_hits
 from prfaas.core.errors import ConfigError
 
 
@@ -121,37 +119,19 @@ class GlobalKVCacheManager:
                     index.pop(h, None)
 
     # --- lookup -------------------------------------------------------------------------------
-    def match(self, block_hashes: Sequence[int]) -> PrefixMatch:
-        per_pool = self._per_pool_hits(block_hashes)
+    def match(self, block_hashes: Sequence[int], exact: bool = False) -> PrefixMatch:
+        """Cached-prefix lengths of a request, per instance and per cluster. The default search
+        relies on the pools' prefix-closure contract (see prefix_search); `exact=True` checks
+        every block and suits listeners that do not keep that contract."""
+        per_pool = self._per_pool_hits(block_hashes, exact)
         per_instance = {i: per_pool[b] for i, b in self._instance_bit.items()}
-        per_cluster = {c: max(per_pool[b] for b in bits) for c, bits in self._cluster_bits.items()}
+        get = per_pool.__getitem__
+        per_cluster = {c: max(map(get, bits)) for c, bits in self._cluster_bits.items()}
         return PrefixMatch(self.block_size_tokens, per_instance, per_cluster, self._members)
 
-    def _candidates(self, block_hashes: Sequence[int]) -> list[int]:
-        """Per boundary i, the mask of pools for which a hit of i+1 blocks is valid."""
-        if not self.needs_blocks:
-            return list(map(self._snap.get, block_hashes, repeat(0)))
-        masks = list(accumulate(map(self._kv.get, block_hashes, repeat(0)), and_))
-        if masks and not masks[-1]:
-            del masks[masks.index(0):]
-        if not self.needs_snapshots:
-            return masks
-        return list(map(and_, masks, map(self._snap.get, block_hashes, repeat(0))))
-
-    def _per_pool_hits(self, block_hashes: Sequence[int]) -> list[int]:
-        per_pool = [0] * len(self._pool_bit)
-        candidates = self._candidates(block_hashes)
-        remaining = (1 << len(per_pool)) - 1
-        # Walk back over the non-empty boundaries; each pool takes the first (longest) it is in.
-        for i in reversed(list(compress(range(len(candidates)), candidates))):
-            found = candidates[i] & remaining
-            if not found:
-                continue
-            remaining ^= found
-            while found:
-                low = found & -found
-                per_pool[low.bit_length() - 1] = i + 1
-                found ^= low
-            if not remaining:
-                break
-        return per_pool
+    def _per_pool_hits(self, block_hashes: Sequence[int], exact: bool) -> list[int]:
+        kv = self._kv if self.needs_blocks else None
+        snap = self._snap if self.needs_snapshots else None
+        if kv is None or exact:
+            return exact_hits(kv, snap, block_hashes, len(self._pool_bit))
+        return closed_hits(kv, snap, block_hashes, len(self._pool_bit))

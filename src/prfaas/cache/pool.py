@@ -8,7 +8,10 @@ sent). The hybrid hit rule: a prefix of i blocks is usable iff blocks 0..i-1 are
 linear/SWA layers). Pinned entries (refcount > 0) are never evicted; unpinned prefix-cache
 entries are evicted least-recently-used first, chain tails before heads. Transfer buffers are
 never evicted; when even eviction cannot make room `allocate_transfer` returns False.
-No clocks: `now` is passed in.
+Contract the global manager's fast search relies on (tests check it under churn): resident
+blocks are prefix-closed (block i resident => blocks 0..i-1 resident) and a snapshot is resident
+only with its block; it holds because chains are added head first, re-queued tail-oldest, and
+pinned as whole prefixes. No clocks: `now` is passed in.
 """
 
 from __future__ import annotations
@@ -86,6 +89,15 @@ class HybridPrefixPool:
     def _free_bytes(self) -> float:
         cap = self.config.capacity_bytes
         return float("inf") if cap is None else cap - self._used_bytes
+
+    def attach(self, listener: PoolListener) -> None:
+        """Make `listener` this pool's listener and announce everything already resident (a
+        manager that starts, or restarts, after the pool is filled)."""
+        self.listener = listener
+        blocks = [k for k in self._resident if k < _SNAP]
+        snaps = [k - _SNAP for k in self._resident if k >= _SNAP]
+        if blocks or snaps:
+            listener.on_insert(self.instance_id, blocks, snaps)
 
     # --- queries ------------------------------------------------------------------------------
     def match(self, block_hashes: Sequence[int]) -> int:
