@@ -5,8 +5,9 @@ field and value. It is never mutated; planner, simulator and CLI read it. The sc
 
     name, description
     model: catalog name or spec file (optional; used when `kv: {from: model}`)
-    kv: {from: model} | {fit: linear, points: [{length_tokens, mib | bytes}, ...]}
-    hardware: {<hw>: {gpus_per_instance, prefill: PREFILL, decode: {bs_max, step_s}}}
+    kv: {from: model} | {profile: PATH} | {fit: linear, points: [{length_tokens, mib | bytes}]}
+    hardware: {<hw>: {gpus_per_instance, prefill: PREFILL, decode: {bs_max, step_s}}
+                     | {profile: PATH}}   (a measured profile file, models/profile_file.py)
         PREFILL = {fit: quadratic, points: [{length_tokens, time_s}, ...]}
                 | {scale_of: <hw>, factor: F}          (keep c0, scale the rest)
                 | {roofline: {gpu, mfu, overhead_s}}
@@ -33,6 +34,7 @@ from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.models.catalog import resolve_model
 from prfaas.models.kv import geometry
 from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
+from prfaas.models.profile_file import kv_from_profile, load_profile_file
 from prfaas.models.roofline import roofline_profile
 from prfaas.models.spec import ModelSpec
 from prfaas.workload.lengths import LengthDistribution, from_config
@@ -106,8 +108,18 @@ def _count(raw: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
-def _kv(raw: dict[str, Any], model: ModelSpec | None) -> KVSize:
+def _resolve(path: object, base: str) -> str:
+    """A path in a scenario is relative to the scenario file's folder when not found as is."""
+    p = Path(str(path))
+    if not p.is_absolute() and not p.exists() and base:
+        return str(Path(base).parent / p)
+    return str(p)
+
+
+def _kv(raw: dict[str, Any], model: ModelSpec | None, base: str = "") -> KVSize:
     raw = _mapping(raw, "kv")
+    if "profile" in raw:
+        return kv_from_profile(_resolve(raw["profile"], base))
     if raw.get("from") == "model":
         if model is None:
             raise ConfigError("kv.from", "model", "needs a `model:` in the scenario")
@@ -166,11 +178,16 @@ def _decode(raw: object, where: str) -> DecodeTime:
     return DecodeTime(bs_max, step, points, str(raw.get("source", "")))
 
 
-def _hardware(raw: object, kv: KVSize, model: ModelSpec | None) -> dict[str, HardwareProfile]:
+def _hardware(raw: object, kv: KVSize, model: ModelSpec | None, base: str = ""
+              ) -> dict[str, HardwareProfile]:
     built: dict[str, HardwareProfile] = {}
     for name, spec in _mapping(raw, "hardware").items():
         where = f"hardware.{name}"
         spec = _mapping(spec, where)
+        if "profile" in spec:
+            _check_keys(spec, {"profile", "notes"}, where)
+            built[name] = load_profile_file(_resolve(spec["profile"], base), kv)
+            continue
         _check_keys(spec, {"gpus_per_instance", "prefill", "decode", "notes", "gpu"}, where)
         gpus = _count(spec, "gpus_per_instance", where)
         prefill = _prefill(spec["prefill"], f"{where}.prefill", built, model, gpus) \
@@ -193,8 +210,8 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
     raw = _mapping(raw, "scenario")
     _check_keys(raw, _TOP_KEYS, "scenario")
     model = resolve_model(str(raw["model"])) if raw.get("model") else None
-    kv = _kv(raw.get("kv", {"from": "model"}), model)
-    hardware = _hardware(raw.get("hardware"), kv, model)
+    kv = _kv(raw.get("kv", {"from": "model"}), model, path)
+    hardware = _hardware(raw.get("hardware"), kv, model, path)
     clusters = _mapping(raw.get("clusters"), "clusters")
     baselines = _mapping(raw.get("baselines", {}), "baselines")
     prfaas = _pool(clusters.get("prfaas"), "clusters.prfaas", hardware)

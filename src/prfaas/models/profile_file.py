@@ -1,0 +1,81 @@
+"""Measured profile files (written by `prfaas profile`, or by hand from any engine's numbers).
+
+Format (YAML):
+
+    name: cpu-tiny-kimi            # free text
+    hardware: "<cpu/gpu>, <threads>"
+    model: <spec name>
+    how: "<how it was measured>"
+    gpus_per_instance: 1
+    prefill: {points: [{length_tokens, time_s}, ...]}      # >= 3 points, quadratic fit
+    kv: {points: [{length_tokens, bytes}, ...]}            # >= 2 points, linear fit
+    decode: {bs_max, step_points: [{batch, step_s}, ...]}  # optional
+
+A scenario refers to one with `hardware: {<hw>: {profile: PATH}}` and `kv: {profile: PATH}`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from prfaas.core.errors import ConfigError
+from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
+
+_KEYS = {"name", "hardware", "model", "how", "gpus_per_instance", "prefill", "kv", "decode",
+         "notes"}
+
+
+def read_profile_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("profile", str(path), "no such file")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError("profile", str(path), f"not valid YAML ({err})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("profile", str(path), "expected a mapping")
+    for key in raw:
+        if key not in _KEYS:
+            raise ConfigError(f"profile.{key}", raw[key], f"unknown key in {p.name}")
+    return raw
+
+
+def _points(raw: dict[str, Any], section: str, x: str, y: str, where: str
+            ) -> tuple[list[float], list[float]]:
+    block = raw.get(section)
+    points = block.get("points") if isinstance(block, dict) else None
+    if not isinstance(points, list) or not points:
+        raise ConfigError(f"{where}.{section}.points", points, "missing or empty")
+    try:
+        return [float(p[x]) for p in points], [float(p[y]) for p in points]
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{where}.{section}.points", points,
+                          f"each point needs numeric {x} and {y}") from None
+
+
+def kv_from_profile(path: str | Path) -> KVSize:
+    raw = read_profile_file(path)
+    xs, ys = _points(raw, "kv", "length_tokens", "bytes", str(path))
+    return KVSize.fit(xs, ys, f"measured: {raw.get('name', path)}")
+
+
+def load_profile_file(path: str | Path, kv: KVSize | None = None) -> HardwareProfile:
+    """A HardwareProfile from a profile file; `kv` overrides the file's KV points."""
+    raw = read_profile_file(path)
+    where = str(path)
+    xs, ys = _points(raw, "prefill", "length_tokens", "time_s", where)
+    prefill = PrefillTime.fit(xs, ys, f"measured: {raw.get('name', path)}")
+    decode = None
+    if isinstance(raw.get("decode"), dict):
+        d = raw["decode"]
+        steps = tuple((int(p["batch"]), float(p["step_s"])) for p in d.get("step_points", []))
+        bs_max = int(d.get("bs_max", max((b for b, _ in steps), default=1)))
+        step = float(d.get("step_s", dict(steps).get(bs_max, steps[-1][1] if steps else 0.0)))
+        decode = DecodeTime(bs_max, step, tuple(sorted(steps)), f"measured: {raw.get('name')}")
+    return HardwareProfile(str(raw.get("name", Path(path).stem)),
+                           int(raw.get("gpus_per_instance", 1)), prefill, decode,
+                           kv or kv_from_profile(path), str(raw.get("how", "")))
