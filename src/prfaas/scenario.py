@@ -6,7 +6,8 @@ field and value. It is never mutated; planner, simulator and CLI read it. The sc
     name, description
     model: catalog name or spec file (optional; used when `kv: {from: model}`)
     kv: {from: model} | {profile: PATH} | {fit: linear, points: [{length_tokens, mib | bytes}]}
-    hardware: {<hw>: {gpus_per_instance, prefill: PREFILL, decode: {bs_max, step_s}}
+    hardware: {<hw>: {gpus_per_instance, prefill: PREFILL, decode: {bs_max, step_s},
+                      cost_per_gpu_hour (optional: enables throughput-per-cost)}
                      | {profile: PATH}}   (a measured profile file, models/profile_file.py)
         PREFILL = {fit: quadratic, points: [{length_tokens, time_s}, ...]}
                 | {scale_of: <hw>, factor: F}          (keep c0, scale the rest)
@@ -48,6 +49,11 @@ class Pool:
 
     hardware: HardwareProfile
     instances: int
+
+    @property
+    def cost_per_hour(self) -> float | None:
+        rate = self.hardware.cost_per_gpu_hour
+        return None if rate is None else rate * self.hardware.gpus_per_instance * self.instances
 
 
 @dataclass(frozen=True)
@@ -188,12 +194,15 @@ def _hardware(raw: object, kv: KVSize, model: ModelSpec | None, base: str = ""
             _check_keys(spec, {"profile", "notes"}, where)
             built[name] = load_profile_file(_resolve(spec["profile"], base), kv)
             continue
-        _check_keys(spec, {"gpus_per_instance", "prefill", "decode", "notes", "gpu"}, where)
+        _check_keys(spec, {"gpus_per_instance", "prefill", "decode", "notes", "gpu",
+                           "cost_per_gpu_hour"}, where)
         gpus = _count(spec, "gpus_per_instance", where)
         prefill = _prefill(spec["prefill"], f"{where}.prefill", built, model, gpus) \
             if "prefill" in spec else None
         decode = _decode(spec["decode"], f"{where}.decode") if "decode" in spec else None
-        built[name] = HardwareProfile(name, gpus, prefill, decode, kv, str(spec.get("notes", "")))
+        cost = _number(spec, "cost_per_gpu_hour", where) if "cost_per_gpu_hour" in spec else None
+        built[name] = HardwareProfile(name, gpus, prefill, decode, kv, str(spec.get("notes", "")),
+                                      cost)
     return built
 
 

@@ -74,3 +74,13 @@ def test_zero_bandwidth_rejected_naming_field(scenario) -> None:
     base = inputs_from_scenario(scenario)
     with pytest.raises(InfeasibleError, match="link.gbps"):
         search_prfaas_pd(PlanInputs(**{**base.__dict__, "link_gbps": 0.0}), "paper")
+
+
+def test_equal_cost_comparison_uses_scenario_costs(scenario) -> None:
+    """H200 = 2 x H20 (derived from the paper's '+15% at equal cost'): PrfaaS-PD costs
+    32*2 + 64 = 128 units/h against 96 for homogeneous PD."""
+    plan = plan_all(scenario, "paper").systems
+    assert plan["prfaas_pd"].cost_per_hour == 128
+    assert plan["homogeneous_pd"].cost_per_hour == 96
+    per_cost = plan["prfaas_pd"].lambda_max / 128 / (plan["homogeneous_pd"].lambda_max / 96)
+    assert 1.1 < per_cost < 1.3

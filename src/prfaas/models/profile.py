@@ -151,6 +151,7 @@ class HardwareProfile:
     decode: DecodeTime | None
     kv: KVSize
     notes: str = ""
+    cost_per_gpu_hour: float | None = None  # any unit; only ratios are reported
 
     def require_prefill(self) -> PrefillTime:
         if self.prefill is None:

@@ -61,6 +61,9 @@ def plan_table(result: PlanResult, reference: dict[str, Any] | None = None) -> T
                                for p, r in zip(plans, refs, strict=True)])
     base = result.systems["homogeneous_pd"].lambda_max
     table.add_row("throughput ratio", *[f"{p.lambda_max / base:.2f}x" for p in plans])
+    if all(p.cost_per_hour for p in plans):
+        per_cost = [p.lambda_max / (p.cost_per_hour or 1.0) for p in plans]
+        table.add_row("throughput per cost", *[f"{v / per_cost[1]:.2f}x" for v in per_cost])
     table.add_row("offload fraction", *[_pair(p.offload_fraction, r.get("offload_fraction"),
                                               ".3f") for p, r in zip(plans, refs, strict=True)])
     table.add_row("E[L | L > t]", *[_tokens(p.l_long_tokens) + (

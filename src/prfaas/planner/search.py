@@ -7,7 +7,7 @@ scenario for the three systems of the paper's Table 6.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,7 @@ class SystemPlan:
     ttft_mean_s: float | None = None
     ttft_p90_s: float | None = None
     bottleneck: str = ""
+    cost_per_hour: float | None = None  # from the scenario's cost_per_gpu_hour, when given
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -211,5 +212,11 @@ def plan_all(s: Scenario, mode: str | None = None) -> PlanResult:
                       "decode": s.naive_decode.hardware.require_decode()}),
         s.naive_prefill.instances, s.naive_decode.instances, mode)
     points = threshold_grid(s.lengths, s.t_step_tokens).size * s.pd.instances
-    return PlanResult(mode, {"prfaas_pd": prfaas, "homogeneous_pd": homog,
-                             "naive_heterogeneous": naive}, points)
+    systems = {"prfaas_pd": prfaas, "homogeneous_pd": homog, "naive_heterogeneous": naive}
+    costs = {"prfaas_pd": (s.prfaas, s.pd), "homogeneous_pd": (s.homogeneous,),
+             "naive_heterogeneous": (s.naive_prefill, s.naive_decode)}
+    for name, pools in costs.items():
+        per_pool = [p.cost_per_hour for p in pools]
+        if all(c is not None for c in per_pool):
+            systems[name] = replace(systems[name], cost_per_hour=sum(c or 0.0 for c in per_pool))
+    return PlanResult(mode, systems, points)
