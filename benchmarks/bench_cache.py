@@ -25,6 +25,7 @@ import sys
 import time
 import tracemalloc
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -77,11 +78,14 @@ class _WireCopy:
     def __init__(self, manager: GlobalKVCacheManager) -> None:
         self.manager = manager
 
-    def on_insert(self, pool_id: str, blocks: list[int], snaps: list[int]) -> None:
-        self.manager.on_insert(pool_id, array("Q", blocks).tolist(), array("Q", snaps).tolist())
+    def on_insert(self, pool_id: str, block_hashes: Sequence[int],
+                  snapshot_hashes: Sequence[int]) -> None:
+        self.manager.on_insert(pool_id, array("Q", block_hashes).tolist(),
+                               array("Q", snapshot_hashes).tolist())
 
-    def on_evict(self, pool_id: str, blocks: list[int], snaps: list[int]) -> None:
-        self.manager.on_evict(pool_id, blocks, snaps)
+    def on_evict(self, pool_id: str, block_hashes: Sequence[int],
+                 snapshot_hashes: Sequence[int]) -> None:
+        self.manager.on_evict(pool_id, block_hashes, snapshot_hashes)
 
 
 def standalone_manager_bytes(pools: dict[str, HybridPrefixPool]) -> int:
