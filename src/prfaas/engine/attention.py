@@ -1,0 +1,210 @@
+"""Attention mixers: MLA (caches latent + rope key) and GQA / SWA (caches k, v).
+
+Every mixer has the same three entry points:
+- `prefill_chunk(x [C, D], start, store, work)`: one block-aligned chunk; appends its KV to the
+  store. `work` holds this prefill call's contiguous key/value buffers, rebuilt from the cached
+  prefix block by block, so a resumed prefill runs the same operations on the same shapes as a
+  from-scratch one (bitwise-equal results).
+- `decode(x [B, D], stores, positions [B])`: one token per sequence (continuous batching).
+- `forward_full(x [T, D])`: the plain reference forward (no cache, no chunks), for checks
+  and benchmarks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from prfaas.engine.config import EngineConfig
+from prfaas.engine.kv import AttnStore, Store
+from prfaas.engine.ops import apply_rope, causal_attention, proj, rms_norm
+
+Work = dict[str, Any]
+QUERY_TILE = 512  # forward_full attends in query tiles to bound the score matrix
+
+
+class Rope:
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        self.cos, self.sin = cos, sin
+
+    def at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return apply_rope(x, self.cos[positions], self.sin[positions])
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(*shape), requires_grad=False)
+
+
+def _buffers(work: Work, total: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    if "buf" not in work:
+        work["buf"] = {n: torch.zeros(total, *s) for n, s in shapes.items()}
+    return work["buf"]
+
+
+class MLA(nn.Module):
+    kind = "mla"
+
+    def __init__(self, cfg: EngineConfig, rope: Rope) -> None:
+        super().__init__()
+        h, dn, dr, r = cfg.num_heads, cfg.head_dim, cfg.rope_head_dim, cfg.kv_lora_rank
+        self.h, self.dn, self.dr, self.r, self.rope = h, dn, dr, r, rope
+        self.block_size = cfg.block_size_tokens
+        self.wq = _param(h * (dn + dr), cfg.hidden)
+        self.w_dkv = _param(r, cfg.hidden)
+        self.kv_norm = _param(r)
+        self.w_kr = _param(dr, cfg.hidden)
+        self.w_uk = _param(h * dn, r)
+        self.w_uv = _param(h * dn, r)
+        self.wo = _param(cfg.hidden, h * dn)
+
+    def new_store(self) -> AttnStore:
+        return AttnStore("mla", self.block_size)
+
+    def _qkv_latent(self, x: torch.Tensor, pos: torch.Tensor,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = x.shape[0]
+        q = proj(x, self.wq).view(n, self.h, self.dn + self.dr)
+        q = torch.cat((q[..., :self.dn], self.rope.at(q[..., self.dn:], pos)), dim=-1)
+        latent = rms_norm(proj(x, self.w_dkv), self.kv_norm)  # [n, r]: what is cached
+        k_rope = self.rope.at(proj(x, self.w_kr), pos)  # [n, dr], shared by all heads
+        return q, latent, k_rope
+
+    def _up(self, latent: torch.Tensor, k_rope: torch.Tensor,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = latent.shape[0]
+        k_nope = proj(latent, self.w_uk).view(n, self.h, self.dn)
+        k = torch.cat((k_nope, k_rope[:, None, :].expand(n, self.h, self.dr)), dim=-1)
+        return k, proj(latent, self.w_uv).view(n, self.h, self.dn)
+
+    def prefill_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
+                      ) -> torch.Tensor:
+        assert isinstance(store, AttnStore)
+        c, end = x.shape[0], start + x.shape[0]
+        buf = _buffers(work, work["total"], {"k": (self.h, self.dn + self.dr),
+                                             "v": (self.h, self.dn)})
+        if "filled" not in work:  # up-project the cached prefix block by block, like a chunk
+            for i, block in enumerate(store.blocks):
+                lo = i * self.block_size
+                buf["k"][lo:lo + self.block_size], buf["v"][lo:lo + self.block_size] = \
+                    self._up(block["latent"], block["k_rope"])
+            work["filled"] = True
+        q, latent, k_rope = self._qkv_latent(x, torch.arange(start, end))
+        store.append({"latent": latent, "k_rope": k_rope})
+        buf["k"][start:end], buf["v"][start:end] = self._up(latent, k_rope)
+        o = causal_attention(q.transpose(0, 1), buf["k"][:end].transpose(0, 1),
+                             buf["v"][:end].transpose(0, 1), start, 0)  # [H, C, dv]
+        return proj(o.transpose(0, 1).reshape(c, self.h * self.dn), self.wo)
+
+    def decode(self, x: torch.Tensor, stores: list[Store], positions: torch.Tensor,
+               ) -> torch.Tensor:
+        """Absorbed MLA: attend in latent space, so a step costs O(length * rank)."""
+        b = x.shape[0]
+        q, latent, k_rope = self._qkv_latent(x, positions)
+        w_uk = self.w_uk.view(self.h, self.dn, self.r)
+        q_lat = torch.stack([proj(q[:, i, :self.dn], w_uk[i].T) for i in range(self.h)], dim=1)
+        scale = (self.dn + self.dr) ** -0.5
+        ctx = []
+        for i, store in enumerate(stores):
+            assert isinstance(store, AttnStore)
+            store.append({"latent": latent[i:i + 1], "k_rope": k_rope[i:i + 1]})
+            cached = store.gather(0, store.num_tokens)
+            scores = (q_lat[i] @ cached["latent"].T + q[i, :, self.dn:] @ cached["k_rope"].T)
+            ctx.append(torch.softmax(scores * scale, dim=-1) @ cached["latent"])  # [H, r]
+        ctx_lat = torch.stack(ctx)  # [B, H, r]
+        w_uv = self.w_uv.view(self.h, self.dn, self.r)
+        o = torch.stack([proj(ctx_lat[:, i], w_uv[i]) for i in range(self.h)], dim=1)
+        return proj(o.reshape(b, self.h * self.dn), self.wo)
+
+    def forward_full(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q, latent, k_rope = self._qkv_latent(x, torch.arange(t))
+        k, v = self._up(latent, k_rope)
+        o = _tiled_attention(q, k, v, 0)
+        return proj(o.reshape(t, self.h * self.dn), self.wo)
+
+
+class GQA(nn.Module):
+    """Grouped-query attention; with window > 0 it is sliding-window attention (SWA)."""
+
+    def __init__(self, cfg: EngineConfig, rope: Rope, window: int = 0) -> None:
+        super().__init__()
+        self.kind = "swa" if window else "gqa"
+        self.h, self.kvh, self.d, self.window, self.rope = (
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, window, rope)
+        self.block_size = cfg.block_size_tokens
+        self.wq = _param(self.h * self.d, cfg.hidden)
+        self.wk = _param(self.kvh * self.d, cfg.hidden)
+        self.wv = _param(self.kvh * self.d, cfg.hidden)
+        self.wo = _param(cfg.hidden, self.h * self.d)
+
+    def new_store(self) -> AttnStore:
+        return AttnStore(self.kind, self.block_size, self.window)
+
+    def _qkv(self, x: torch.Tensor, pos: torch.Tensor,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = x.shape[0]
+        q = self.rope.at(proj(x, self.wq).view(n, self.h, self.d), pos)
+        k = self.rope.at(proj(x, self.wk).view(n, self.kvh, self.d), pos)
+        return q, k, proj(x, self.wv).view(n, self.kvh, self.d)
+
+    def _heads(self, kv: torch.Tensor) -> torch.Tensor:
+        """[N, kvh, d] -> [H, N, d] (each kv head serves H / kvh query heads)."""
+        return kv.repeat_interleave(self.h // self.kvh, dim=1).transpose(0, 1)
+
+    def _key_start(self, start: int, first: int = 0) -> int:
+        return max(first, start - self.window + 1) if self.window else first
+
+    def prefill_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
+                      ) -> torch.Tensor:
+        assert isinstance(store, AttnStore)
+        c, end = x.shape[0], start + x.shape[0]
+        buf = _buffers(work, work["total"], {"k": (self.kvh, self.d), "v": (self.kvh, self.d)})
+        if "filled" not in work:  # copy the cached rows this prefill can still attend to
+            lo = self._key_start(start, store.first_token)
+            cached = store.gather(lo, start)
+            for name in ("k", "v"):
+                buf[name][lo:start] = cached[name] if cached else 0.0
+            work["filled"] = True
+        q, k, v = self._qkv(x, torch.arange(start, end))
+        store.append({"k": k, "v": v})
+        buf["k"][start:end], buf["v"][start:end] = k, v
+        lo = self._key_start(start)
+        o = causal_attention(q.transpose(0, 1), self._heads(buf["k"][lo:end]),
+                             self._heads(buf["v"][lo:end]), start, lo, self.window)
+        return proj(o.transpose(0, 1).reshape(c, self.h * self.d), self.wo)
+
+    def decode(self, x: torch.Tensor, stores: list[Store], positions: torch.Tensor,
+               ) -> torch.Tensor:
+        q, k, v = self._qkv(x, positions)
+        outs = []
+        for i, store in enumerate(stores):
+            assert isinstance(store, AttnStore)
+            store.append({"k": k[i:i + 1], "v": v[i:i + 1]})
+            pos = store.num_tokens - 1
+            lo = self._key_start(pos, store.first_token)
+            cached = store.gather(lo, pos + 1)
+            outs.append(causal_attention(q[i][:, None], self._heads(cached["k"]),
+                                         self._heads(cached["v"]), pos, lo, self.window))
+        o = torch.stack(outs)[:, :, 0]  # [B, H, d]
+        return proj(o.reshape(x.shape[0], self.h * self.d), self.wo)
+
+    def forward_full(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self._qkv(x, torch.arange(t))
+        o = _tiled_attention(q, k.repeat_interleave(self.h // self.kvh, dim=1),
+                             v.repeat_interleave(self.h // self.kvh, dim=1), self.window)
+        return proj(o.reshape(t, self.h * self.d), self.wo)
+
+
+def _tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     window: int) -> torch.Tensor:
+    """Causal attention over a whole sequence, q/k/v [T, H, d] -> [T, H, dv]."""
+    outs = []
+    for lo in range(0, q.shape[0], QUERY_TILE):
+        hi = min(lo + QUERY_TILE, q.shape[0])
+        k_lo = max(0, lo - window + 1) if window else 0
+        outs.append(causal_attention(q[lo:hi].transpose(0, 1), k[k_lo:hi].transpose(0, 1),
+                                     v[k_lo:hi].transpose(0, 1), lo, k_lo, window))
+    return torch.cat(outs, dim=1).transpose(0, 1)

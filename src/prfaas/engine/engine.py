@@ -1,0 +1,182 @@
+"""Engine: the interface prefill and decode workers call (prefill with a per-layer hook, KV
+import, batched decode, one-process generate).
+
+Exactness contract: with the same config (threads included) a prefill that resumes from a
+cached block boundary gives bitwise the same KV and logits as a prefill from scratch, and a
+request's decode step gives bitwise the same logits alone or in any batch (threads=1; see
+ops.proj). So a request prefilled remotely from a cached prefix, shipped over TCP and decoded
+in a continuous batch yields the same greedy tokens as `generate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from prfaas.core.errors import ConfigError
+from prfaas.engine.config import EngineConfig
+from prfaas.engine.kv import ATTN_KINDS, AttnStore, LayerKV, LinearStore, SequenceKV, Store
+from prfaas.engine.model import HybridLM
+from prfaas.engine.sampling import SamplingParams, sample
+from prfaas.engine.tokenizer import ByteTokenizer
+
+
+@dataclass
+class PrefillResult:
+    kv: SequenceKV
+    logits: torch.Tensor  # [vocab], last prompt position
+    first_token: int  # greedy
+    num_computed_tokens: int  # tokens computed in this call (prompt minus cached prefix)
+
+
+@dataclass
+class DecodeSeq:
+    """A running request: its cache, the token to feed next and its sampling settings.
+    `step` is the output index of the token the next decode step produces."""
+
+    kv: SequenceKV
+    last_token: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    step: int = 1
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, weights_path: str | None = None,
+                 ) -> None:
+        self.config = config or EngineConfig.tiny()
+        torch.set_num_threads(self.config.threads)
+        self.tokenizer = ByteTokenizer()
+        with torch.inference_mode():
+            self.model = HybridLM(self.config)
+            if weights_path is not None:
+                self.model.load_safetensors(weights_path)
+
+    def new_kv(self) -> SequenceKV:
+        stores: list[Store] = [self.model.mixer(i).new_store()
+                               for i in range(self.config.num_layers)]
+        return SequenceKV(stores, [])
+
+    def prefill(self, token_ids: list[int], prefix: SequenceKV | None = None,
+                on_layer: Callable[[LayerKV], None] | None = None) -> PrefillResult:
+        """Compute the uncached part of the prompt, layer by layer; `on_layer` gets each
+        layer's KV of the tokens computed here (full attention) or its state at the end."""
+        self._check_prompt(token_ids)
+        start = self._check_prefix(token_ids, prefix)
+        kv = prefix.snapshot_at(start) if prefix is not None else self.new_kv()
+        kv.token_ids = list(token_ids)
+        end = len(token_ids)
+
+        def after_layer(i: int) -> None:
+            if on_layer is not None:
+                on_layer(kv.export_layer(i, start, end))
+
+        with torch.inference_mode():
+            ids = torch.tensor(token_ids[start:], dtype=torch.long)
+            logits = self.model.prefill(ids, start, kv.stores, end, after_layer)
+        return PrefillResult(kv, logits, int(torch.argmax(logits).item()), end - start)
+
+    def _check_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ConfigError("token_ids", token_ids, "empty prompt")
+        if len(token_ids) > self.config.max_context_tokens:
+            raise ConfigError("token_ids", f"{len(token_ids)} tokens",
+                              f"longer than max_context_tokens={self.config.max_context_tokens}")
+        bad = [t for t in token_ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ConfigError("token_ids", bad[:5], f"outside [0, {self.config.vocab_size})")
+
+    def _check_prefix(self, token_ids: list[int], prefix: SequenceKV | None) -> int:
+        if prefix is None:
+            return 0
+        n, block = prefix.num_tokens, self.config.block_size_tokens
+        if n % block:
+            raise ConfigError("prefix.num_tokens", n, f"not a multiple of block size {block}")
+        if n >= len(token_ids):
+            raise ConfigError("prefix.num_tokens", n,
+                              f"must be shorter than the prompt ({len(token_ids)} tokens)")
+        if prefix.token_ids is not None and prefix.token_ids[:n] != token_ids[:n]:
+            raise ConfigError("prefix", "token mismatch", "cached prefix is of another prompt")
+        return n
+
+    def import_kv(self, layers: list[LayerKV], prefix: SequenceKV | None = None,
+                  token_ids: list[int] | None = None) -> SequenceKV:
+        """Rebuild a sequence's cache from received layers (plus the local cached prefix
+        [0, start) for full-attention layers)."""
+        blocks = self.model.blocks
+        if len(layers) != len(blocks):
+            raise ConfigError("layers", len(layers), f"expected {len(blocks)} layers")
+        base = prefix.num_tokens if prefix is not None else 0
+        old = prefix.snapshot_at(base).stores if prefix is not None and base else None
+        stores: list[Store] = []
+        for i, layer in enumerate(sorted(layers, key=lambda x: x.layer_index)):
+            stores.append(self._import_layer(i, layer, base, old[i] if old else None))
+        ends = {s.num_tokens for s in stores}
+        if len(ends) != 1:
+            raise ConfigError("layers", sorted(ends), "layers end at different tokens")
+        return SequenceKV(stores, list(token_ids) if token_ids is not None else None)
+
+    def _import_layer(self, i: int, layer: LayerKV, base: int, old: Store | None) -> Store:
+        mixer = self.model.mixer(i)
+        if layer.layer_index != i or layer.kind != mixer.kind:
+            raise ConfigError(f"layers[{i}]", (layer.layer_index, layer.kind),
+                              f"expected layer {i} of kind {mixer.kind}")
+        if mixer.kind == "linear":
+            every = self.config.block_size_tokens * self.config.snapshot_every_blocks
+            store_l = old if isinstance(old, LinearStore) else LinearStore({}, 0, every)
+            store_l.advance(dict(layer.tensors), layer.end_token)
+            return store_l
+        if layer.kind == "swa":  # the window tail is the whole state a continuation needs
+            store_a = AttnStore("swa", self.config.block_size_tokens, self.config.window,
+                                layer.start_token)
+        else:
+            if layer.start_token != base:
+                raise ConfigError(f"layers[{i}].start_token", layer.start_token,
+                                  f"must equal the cached prefix length {base}")
+            fresh = mixer.new_store()
+            assert isinstance(fresh, AttnStore)
+            store_a = old if isinstance(old, AttnStore) else fresh
+        assert layer.kind in ATTN_KINDS
+        store_a.append(layer.tensors)
+        return store_a
+
+    def decode_step(self, batch: list[DecodeSeq]) -> list[int]:
+        """Feed each sequence's last token, append its KV, return one new token per sequence."""
+        if not batch:
+            return []
+        for seq in batch:
+            if seq.kv.num_tokens >= self.config.max_context_tokens:
+                raise ConfigError("context", seq.kv.num_tokens, "max_context_tokens reached")
+        with torch.inference_mode():
+            ids = torch.tensor([s.last_token for s in batch], dtype=torch.long)
+            per_layer = [[s.kv.stores[i] for s in batch] for i in range(self.config.num_layers)]
+            logits = self.model.decode(ids, per_layer)
+        tokens = []
+        for seq, row in zip(batch, logits, strict=True):
+            if seq.kv.token_ids is not None:
+                seq.kv.token_ids.append(seq.last_token)
+            token = sample(row, seq.sampling, seq.step)
+            seq.last_token, seq.step = token, seq.step + 1
+            tokens.append(token)
+        return tokens
+
+    def generate(self, token_ids: list[int], max_tokens: int,
+                 sampling: SamplingParams | None = None) -> list[int]:
+        """Prefill then decode one request alone; stops at max_tokens or EOS (not returned)."""
+        params = sampling or SamplingParams()
+        if max_tokens <= 0:
+            raise ConfigError("max_tokens", max_tokens, "must be positive")
+        if len(token_ids) + max_tokens > self.config.max_context_tokens + 1:
+            raise ConfigError("max_tokens", max_tokens, "prompt + output exceed the context")
+        result = self.prefill(token_ids)
+        seq = DecodeSeq(result.kv, sample(result.logits, params, 0), params, step=1)
+        out: list[int] = []
+        while True:
+            if seq.last_token == self.tokenizer.eos_id and not params.ignore_eos:
+                break
+            out.append(seq.last_token)
+            if len(out) >= max_tokens:
+                break
+            self.decode_step([seq])
+        return out

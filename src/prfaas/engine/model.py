@@ -1,0 +1,159 @@
+"""HybridLM: embedding -> pre-norm blocks (mixer + SwiGLU MLP) -> final norm -> LM head.
+
+Weights come from the config's seed (a private torch.Generator, parameters filled in name
+order) or from a user's safetensors file with exactly this model's names and shapes.
+`prefill` is layer-major and chunked: each layer runs over all new tokens in block-aligned
+chunks of `block_size_tokens` before the next layer starts, and `after_layer(i)` fires as soon
+as layer i is done (the transport streams layer i while layer i+1 computes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from prfaas.core.errors import ConfigError
+from prfaas.engine.attention import GQA, MLA, Rope
+from prfaas.engine.config import EngineConfig
+from prfaas.engine.kda_layer import KDA
+from prfaas.engine.kv import Store
+from prfaas.engine.ops import proj, rms_norm, rope_tables, swiglu
+
+Mixer = MLA | GQA | KDA
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(*shape), requires_grad=False)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: EngineConfig, kind: str, rope: Rope) -> None:
+        super().__init__()
+        self.mixer: Mixer
+        if kind == "linear":
+            self.mixer = KDA(cfg)
+        elif kind == "mla":
+            self.mixer = MLA(cfg, rope)
+        else:
+            self.mixer = GQA(cfg, rope, cfg.window if kind == "swa" else 0)
+        self.norm1, self.norm2 = _param(cfg.hidden), _param(cfg.hidden)
+        self.w_gate = _param(cfg.mlp_hidden, cfg.hidden)
+        self.w_up = _param(cfg.mlp_hidden, cfg.hidden)
+        self.w_down = _param(cfg.hidden, cfg.mlp_hidden)
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        return h + swiglu(rms_norm(h, self.norm2), self.w_gate, self.w_up, self.w_down)
+
+    def prefill(self, x: torch.Tensor, start: int, store: Store, chunk: int,
+                total: int) -> torch.Tensor:
+        work: dict[str, Any] = {"total": total}
+        outs = []
+        for lo in range(0, x.shape[0], chunk):
+            xc = x[lo:lo + chunk]
+            h = xc + self.mixer.prefill_chunk(rms_norm(xc, self.norm1), start + lo, store, work)
+            outs.append(self._mlp(h))
+        return torch.cat(outs)
+
+    def decode(self, x: torch.Tensor, stores: list[Store], positions: torch.Tensor,
+               ) -> torch.Tensor:
+        return self._mlp(x + self.mixer.decode(rms_norm(x, self.norm1), stores, positions))
+
+    def forward_full(self, x: torch.Tensor) -> torch.Tensor:
+        return self._mlp(x + self.mixer.forward_full(rms_norm(x, self.norm1)))
+
+
+class HybridLM(nn.Module):
+    def __init__(self, cfg: EngineConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        ropes = {dim: Rope(*rope_tables(cfg.max_context_tokens, dim, cfg.rope_theta))
+                 for dim in {cfg.rope_head_dim, cfg.head_dim}}
+        self.embed = _param(cfg.vocab_size, cfg.hidden)
+        self.blocks = nn.ModuleList(
+            Block(cfg, cfg.kind_of(i),
+                  ropes[cfg.rope_head_dim if cfg.kind_of(i) == "mla" else cfg.head_dim])
+            for i in range(cfg.num_layers))
+        self.final_norm = _param(cfg.hidden)
+        self.lm_head = _param(cfg.vocab_size, cfg.hidden)
+        self.init_from_seed(cfg.seed)
+
+    def block(self, index: int) -> Block:
+        return cast(Block, self.blocks[index])
+
+    def mixer(self, index: int) -> Mixer:
+        return self.block(index).mixer
+
+    def init_from_seed(self, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in sorted(self.named_parameters()):
+            leaf = name.rsplit(".", 1)[-1]
+            if "norm" in leaf:
+                p.fill_(1.0)
+            elif leaf == "a_log":  # per-token decay exp(-a * softplus(.)) with a in [0.02, 0.3]
+                p.copy_(torch.empty(p.shape).uniform_(0.02, 0.3, generator=gen).log())
+            elif leaf == "dt_bias":
+                p.zero_()
+            elif leaf == "embed":
+                p.normal_(0.0, 1.0, generator=gen)
+            elif leaf == "conv_w":
+                p.normal_(0.0, 0.5, generator=gen)
+            else:
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+
+    def load_safetensors(self, path: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        if not Path(path).is_file():
+            raise ConfigError("weights_path", str(path), "no such file")
+        loaded = load_file(str(path))
+        own = dict(self.named_parameters())
+        missing, extra = sorted(set(own) - set(loaded)), sorted(set(loaded) - set(own))
+        if missing or extra:
+            raise ConfigError("weights_path", str(path),
+                              f"names differ: missing {missing[:5]}, unexpected {extra[:5]}")
+        for name, tensor in loaded.items():
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ConfigError(f"weights[{name}]", tuple(tensor.shape),
+                                  f"expected shape {tuple(own[name].shape)}")
+            own[name].copy_(tensor.float())
+
+    def save_safetensors(self, path: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file({n: p.detach().contiguous() for n, p in self.named_parameters()}, str(path))
+
+    def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """[N, D] -> [N, vocab]."""
+        return proj(rms_norm(last_hidden, self.final_norm), self.lm_head)
+
+    def prefill(self, token_ids: torch.Tensor, start: int, stores: list[Store], total: int,
+                after_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Run tokens [start, start + len) through every layer; returns last-position logits."""
+        x = self.embed[token_ids]  # [T, D]
+        for i in range(len(self.blocks)):
+            x = self.block(i).prefill(x, start, stores[i], self.cfg.block_size_tokens, total)
+            if after_layer is not None:
+                after_layer(i)
+        return self.logits(x[-1:])[0]
+
+    def decode(self, token_ids: torch.Tensor, stores: list[list[Store]]) -> torch.Tensor:
+        """One token per sequence; stores[layer][seq]. Returns logits [B, vocab]."""
+        positions = torch.tensor([s.num_tokens for s in stores[0]])
+        x = self.embed[token_ids]  # [B, D]
+        for i in range(len(self.blocks)):
+            x = self.block(i).decode(x, stores[i], positions)
+        return self.logits(x)
+
+    def forward_full(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Plain reference forward over a whole sequence (no cache, no chunks, no hooks):
+        logits of the last position."""
+        x = self.embed[token_ids]
+        for i in range(len(self.blocks)):
+            x = self.block(i).forward_full(x)
+        return self.logits(x[-1:])[0]
+
