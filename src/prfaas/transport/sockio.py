@@ -29,8 +29,11 @@ def translate(exc: BaseException, what: str) -> TransportError:
 
 async def with_timeout(aw: Awaitable[_T], timeout_s: float | None, what: str) -> _T:
     """Await `aw` under `timeout_s` (None: no limit), translating every failure."""
+    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that races
+    # with completion, which left receiver.close() waiting on a connection task forever.
     try:
-        return await asyncio.wait_for(aw, timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await aw
     except (OSError, TimeoutError, EOFError) as exc:
         raise translate(exc, what) from exc
 

@@ -1,0 +1,155 @@
+"""Sender -> receiver over loopback: content, striping, shaping, backpressure, aborts, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+
+import numpy as np
+import pytest
+
+from prfaas.transport import (
+    ConnectFailed,
+    KVReceiver,
+    KVSender,
+    LinkMonitor,
+    PeerAborted,
+    PeerGone,
+    SenderConfig,
+    TransferTimeout,
+)
+
+
+def run(coro: Awaitable[None], timeout_s: float = 20.0) -> None:
+    asyncio.run(asyncio.wait_for(coro, timeout_s))  # type: ignore[arg-type]
+
+
+def _layers(seed: int) -> list[tuple[int, str, str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [
+        (0, "linear", "state", rng.standard_normal((2, 8, 8)).astype(np.float32)),
+        (1, "mla", "kv_c", rng.standard_normal((300, 64)).astype(np.float16)),
+        (1, "mla", "k_rope", rng.integers(0, 2**16, (300, 16), dtype=np.uint16)),  # bf16 words
+        (2, "swa", "k", rng.integers(-9, 9, (5, 7), dtype=np.int64)),
+        (2, "swa", "empty", np.zeros((0, 4), np.float32)),
+        (3, "gqa", "ids", rng.integers(0, 255, 1001, dtype=np.uint8)),
+    ]
+
+
+def test_round_trip_is_bit_exact_and_striped_over_all_connections() -> None:
+    arrived: list[tuple[int, int, str]] = []
+
+    async def body() -> None:
+        on_tensor = lambda rid, layer, name, _a: arrived.append((rid, layer, name))  # noqa: E731
+        async with KVReceiver(on_tensor=on_tensor) as rx:
+            cfg = SenderConfig(num_connections=4, chunk_bytes=4096)
+            async with KVSender("127.0.0.1", rx.port, cfg) as tx:
+                for rid in (11, 12):
+                    for layer, kind, name, a in _layers(rid):
+                        await tx.send_array(rid, layer, kind, name, a,
+                                            bfloat16=(name == "k_rope"))
+                    await tx.finish(rid)
+                for rid in (11, 12):
+                    kv = await rx.wait_request(rid, timeout_s=5)
+                    for layer, kind, name, a in _layers(rid):
+                        got = kv.layers[layer][name]
+                        assert got.dtype == a.dtype and got.shape == a.shape
+                        assert np.array_equal(got, a)
+                        assert kv.kinds[layer] == kind
+                    assert kv.bfloat16 == {(1, "k_rope")}
+                    assert kv.num_bytes == sum(a.nbytes for *_, a in _layers(rid))
+                    assert kv.first_byte_s <= kv.complete_s
+                stats = tx.stats()
+                assert len(stats.per_connection_bytes) == 4
+                assert min(stats.per_connection_bytes) > 10_000  # every connection carried KV
+                assert stats.sent_bytes == rx.stats.received_bytes
+                assert stats.pending_bytes == 0 and stats.retransmits >= 0
+
+    run(body())
+    assert sorted(arrived) == sorted((rid, layer, name) for rid in (11, 12)
+                                     for layer, _k, name, _a in _layers(rid))
+
+
+def test_shaped_link_respects_the_rate_and_monitor_sees_it() -> None:
+    async def body() -> None:
+        monitor = LinkMonitor(window_s=5.0)
+        async with KVReceiver() as rx:
+            cfg = SenderConfig(num_connections=4, chunk_bytes=256 << 10, rate_gbps=0.16,
+                               burst_bytes=256 << 10)  # 20 MB/s
+            async with KVSender("127.0.0.1", rx.port, cfg, monitor=monitor) as tx:
+                payload = np.ones(8 << 20, np.uint8)
+                start_s = time.monotonic()
+                await tx.send_array(1, 0, "gqa", "k", payload)
+                await tx.finish(1)
+                await rx.wait_request(1, timeout_s=10)
+                elapsed_s = time.monotonic() - start_s
+        ideal_s = payload.nbytes / 20e6
+        assert elapsed_s >= 0.9 * ideal_s  # the shaper never lets it go faster
+        assert elapsed_s <= 3.0 * ideal_s
+        sample = monitor.sample()
+        assert sample.total_sent_bytes >= payload.nbytes and sample.pending_bytes == 0
+        assert 0.5 * 20e6 < sample.egress_bytes_per_s * 5.0 / elapsed_s < 1.2 * 20e6
+
+    run(body())
+
+
+def test_backpressure_bounds_bytes_in_flight() -> None:
+    async def body() -> None:
+        monitor = LinkMonitor()
+        peak = 0
+        async with KVReceiver() as rx:
+            cfg = SenderConfig(num_connections=2, chunk_bytes=64 << 10,
+                               max_inflight_bytes=256 << 10, rate_gbps=0.4)
+            async with KVSender("127.0.0.1", rx.port, cfg, monitor=monitor) as tx:
+                for layer in range(16):
+                    await tx.send_array(3, layer, "mla", "kv", np.ones(128 << 10, np.uint8))
+                    peak = max(peak, monitor.pending_bytes)
+                await tx.finish(3)
+                kv = await rx.wait_request(3, timeout_s=10)
+        assert len(kv.layers) == 16
+        assert 128 << 10 <= peak <= (256 << 10) + 2 * 116
+
+    run(body())
+
+
+def test_abort_reaches_the_waiter_and_wait_times_out() -> None:
+    async def body() -> None:
+        async with KVReceiver() as rx:
+            async with KVSender("127.0.0.1", rx.port, SenderConfig(num_connections=2)) as tx:
+                await tx.send_array(5, 0, "mla", "kv", np.ones(1000, np.float32))
+                await tx.abort(5, "prefill worker OOM")
+                with pytest.raises(PeerAborted, match="request 5: sender aborted: prefill"):
+                    await rx.wait_request(5, timeout_s=5)
+                await tx.send_array(6, 0, "mla", "kv", np.ones(10, np.float32))  # no finish
+                with pytest.raises(TransferTimeout, match="request 6"):
+                    await rx.wait_request(6, timeout_s=0.2)
+
+    run(body())
+
+
+def test_connect_to_nothing_fails_fast_and_typed() -> None:
+    async def body() -> None:
+        async with KVReceiver() as rx:
+            port = rx.port
+        with pytest.raises(ConnectFailed, match=f"127.0.0.1:{port}"):
+            await KVSender("127.0.0.1", port, SenderConfig(connect_timeout_s=2)).connect()
+
+    run(body())
+
+
+def test_sender_sees_receiver_vanish_mid_transfer() -> None:
+    async def body() -> None:
+        rx = KVReceiver()
+        await rx.start()
+        cfg = SenderConfig(num_connections=2, io_timeout_s=3)
+        async with KVSender("127.0.0.1", rx.port, cfg) as tx:
+            await tx.send_array(9, 0, "mla", "kv", np.ones(1 << 20, np.uint8))
+            await tx.finish(9)
+            await rx.close()  # closes every accepted connection
+            with pytest.raises((PeerGone, TransferTimeout)):
+                for layer in range(400):  # 400 MiB cannot all sit in socket buffers
+                    await tx.send_array(10, layer, "mla", "kv", np.ones(1 << 20, np.uint8))
+                await tx.finish(10)
+
+    run(body(), timeout_s=30)
