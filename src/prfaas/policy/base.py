@@ -48,18 +48,27 @@ def register(name: str) -> Callable[[RouterFactory], RouterFactory]:
     return wrap
 
 
-def make_router(name: str, **kwargs: Any) -> Router:
+def _load_all() -> None:
     # importing the implementations fills the registry
-    from prfaas.policy import threshold  # noqa: F401
+    from prfaas.policy import cache_aware, controlled, mooncake, threshold  # noqa: F401
 
+
+def make_router(name: str, ttft_slo_s: float | None = None, **kwargs: Any) -> Router:
+    """The registered router `name`; with `ttft_slo_s`, wrapped in TTFT-SLO admission control
+    (`policy.admission`). Unknown keyword arguments are ignored by the simple routers."""
+    _load_all()
     if name not in _REGISTRY:
         raise UnknownNameError("policy", name, list(_REGISTRY))
-    return _REGISTRY[name](**kwargs)
+    router = _REGISTRY[name](**kwargs)
+    if ttft_slo_s is not None:
+        from prfaas.policy.admission import AdmissionRouter
+
+        router = AdmissionRouter(router, ttft_slo_s)
+    return router
 
 
 def router_names() -> list[str]:
-    from prfaas.policy import threshold  # noqa: F401
-
+    _load_all()
     return sorted(_REGISTRY)
 
 

@@ -17,13 +17,17 @@ from prfaas.policy.base import Router, decide, register
 class ThresholdRouter(Router):
     name = "prfaas-threshold"
 
-    def __init__(self, threshold_tokens: int) -> None:
+    def __init__(self, threshold_tokens: int, **_: object) -> None:
         if threshold_tokens < 0:
             raise ConfigError("threshold_tokens", threshold_tokens, "must be >= 0")
         self._t = int(threshold_tokens)
 
     def threshold_tokens(self) -> int | None:
         return self._t
+
+    def set_threshold_tokens(self, threshold_tokens: int) -> None:
+        """Used by the threshold controller."""
+        self._t = max(int(threshold_tokens), 0)
 
     def route(self, query: RouteQuery, view: ClusterView) -> RouteDecision:
         local_cached = best_cached(query, view.instances(PD_CLUSTER, "prefill"))
