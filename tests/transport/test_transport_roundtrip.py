@@ -22,7 +22,7 @@ from prfaas.transport import (
 
 
 def run(coro: Awaitable[None], timeout_s: float = 20.0) -> None:
-    asyncio.run(asyncio.wait_for(coro, timeout_s))  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
 def _layers(seed: int) -> list[tuple[int, str, str, np.ndarray]]:
@@ -115,15 +115,17 @@ def test_backpressure_bounds_bytes_in_flight() -> None:
 
 def test_abort_reaches_the_waiter_and_wait_times_out() -> None:
     async def body() -> None:
-        async with KVReceiver() as rx:
-            async with KVSender("127.0.0.1", rx.port, SenderConfig(num_connections=2)) as tx:
-                await tx.send_array(5, 0, "mla", "kv", np.ones(1000, np.float32))
-                await tx.abort(5, "prefill worker OOM")
-                with pytest.raises(PeerAborted, match="request 5: sender aborted: prefill"):
-                    await rx.wait_request(5, timeout_s=5)
-                await tx.send_array(6, 0, "mla", "kv", np.ones(10, np.float32))  # no finish
-                with pytest.raises(TransferTimeout, match="request 6"):
-                    await rx.wait_request(6, timeout_s=0.2)
+        rx = KVReceiver()
+        await rx.start()
+        async with KVSender("127.0.0.1", rx.port, SenderConfig(num_connections=2)) as tx:
+            await tx.send_array(5, 0, "mla", "kv", np.ones(1000, np.float32))
+            await tx.abort(5, "prefill worker OOM")
+            with pytest.raises(PeerAborted, match="request 5: sender aborted: prefill"):
+                await rx.wait_request(5, timeout_s=5)
+            await tx.send_array(6, 0, "mla", "kv", np.ones(10, np.float32))  # no finish
+            with pytest.raises(TransferTimeout, match="request 6"):
+                await rx.wait_request(6, timeout_s=0.2)
+        await rx.close()
 
     run(body())
 
