@@ -1,0 +1,49 @@
+"""`prfaas generate`: run the small hybrid model in one process.
+
+This is the reference output every distributed run is compared with: same config, same
+weights (seeded or loaded), same greedy tokens. `--json` prints {"text", "token_ids", ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from prfaas.engine.engine import Engine
+from prfaas.engine.presets import PRESETS, engine_config
+from prfaas.engine.sampling import SamplingParams
+
+
+@click.command("generate")
+@click.option("--prompt", required=True, help="Prompt text (byte-level tokens, BOS first).")
+@click.option("--max-tokens", default=32, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed.")
+@click.option("--preset", default="tiny", show_default=True, type=click.Choice(list(PRESETS)))
+@click.option("--model-seed", default=None, type=int, help="Weight seed (default 0).")
+@click.option("--weights", default=None, type=click.Path(), help="safetensors weights file.")
+@click.option("--threads", default=None, type=int, help="torch threads (default 1).")
+def command(prompt: str, max_tokens: int, as_json: bool, temperature: float, top_p: float,
+            seed: int, preset: str, model_seed: int | None, weights: str | None,
+            threads: int | None) -> None:
+    """Generate text with the hybrid-attention engine (the single-process reference)."""
+    config = engine_config(preset, seed=model_seed, threads=threads)
+    engine = Engine(config, weights_path=weights)
+    prompt_ids = engine.tokenizer.encode(prompt)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+    t0 = time.perf_counter()
+    token_ids = engine.generate(prompt_ids, max_tokens, sampling)
+    elapsed_s = time.perf_counter() - t0
+    text = engine.tokenizer.decode(token_ids)
+    if not as_json:
+        click.echo(text)
+        return
+    click.echo(json.dumps({
+        "text": text, "token_ids": token_ids, "prompt_tokens": len(prompt_ids),
+        "model": config.name, "layer_pattern": config.layer_pattern, "seed": config.seed,
+        "threads": config.threads, "elapsed_s": round(elapsed_s, 4),
+    }))

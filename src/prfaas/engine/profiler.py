@@ -1,0 +1,124 @@
+"""Measure this engine on this machine: T_prefill(l), S_kv(l) and the decode step time by batch.
+
+The result is the profile file the planner and simulator read (see `profile_document`).
+Prompts are pseudo-random bytes from a seeded generator; times are medians of `reps` runs after
+one warm-up; decode steps run on sequences that share one prefilled prefix (shared paged
+blocks), each appending its own tail, at `context_tokens` of context.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prfaas.engine.engine import DecodeSeq, Engine, PrefillResult
+
+DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096)
+FULL_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+DEFAULT_BATCHES = (1, 8, 32)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProfile:
+    prefill_s: tuple[tuple[int, float], ...]  # (length_tokens, time_s)
+    kv_bytes: tuple[tuple[int, int], ...]  # (length_tokens, bytes)
+    decode_step_s: tuple[tuple[int, float], ...]  # (batch, step_s)
+    reps: int
+    context_tokens: int
+
+
+def prompt_tokens(length: int, seed: int = 0) -> list[int]:
+    """`length` pseudo-random byte tokens (a BOS first), the same for the same seed."""
+    gen = torch.Generator().manual_seed(seed)
+    return [256, *torch.randint(0, 256, (length - 1,), generator=gen).tolist()]
+
+
+def _median_time_s(fn: Callable[[], object], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_prefill(engine: Engine, lengths: tuple[int, ...], reps: int,
+                    ) -> tuple[list[tuple[int, float]], list[tuple[int, int]]]:
+    engine.prefill(prompt_tokens(min(lengths)))  # warm-up (allocator, kernels)
+    times, sizes = [], []
+    for length in lengths:
+        ids = prompt_tokens(length, seed=length)
+        last: list[PrefillResult] = []
+
+        def run(ids: list[int] = ids, last: list[PrefillResult] = last) -> None:
+            last[:] = [engine.prefill(ids)]
+
+        times.append((length, _median_time_s(run, reps)))
+        sizes.append((length, last[0].kv.byte_size()))
+    return times, sizes
+
+
+def measure_decode(engine: Engine, batches: tuple[int, ...], context_tokens: int,
+                   steps: int) -> list[tuple[int, float]]:
+    base = engine.prefill(prompt_tokens(context_tokens, seed=1))
+    points = []
+    for batch in batches:
+        seqs = [DecodeSeq(base.kv.snapshot_at(context_tokens), base.first_token)
+                for _ in range(batch)]
+        engine.decode_step(seqs)  # warm-up
+
+        def step(seqs: list[DecodeSeq] = seqs) -> None:
+            engine.decode_step(seqs)
+
+        points.append((batch, _median_time_s(step, steps)))
+    return points
+
+
+def run_profile(engine: Engine, lengths: tuple[int, ...] = DEFAULT_LENGTHS,
+                batches: tuple[int, ...] = DEFAULT_BATCHES, reps: int = 1,
+                context_tokens: int = 512, decode_steps: int = 8) -> EngineProfile:
+    prefill, kv = measure_prefill(engine, lengths, reps)
+    decode = measure_decode(engine, batches, context_tokens, decode_steps)
+    return EngineProfile(tuple(prefill), tuple(kv), tuple(decode), reps, context_tokens)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def profile_document(engine: Engine, prof: EngineProfile) -> dict[str, Any]:
+    """The profile in the planner's YAML format."""
+    cfg = engine.config
+    how = (f"prfaas profile: engine prefill from scratch (median of {prof.reps} after a warm-up),"
+           f" S_kv = SequenceKV.byte_size (fp32), decode step = median of steps at"
+           f" {prof.context_tokens} tokens of context; torch {torch.__version__};"
+           f" {dt.datetime.now(dt.UTC).date().isoformat()}; config: pattern={cfg.layer_pattern}"
+           f" hidden={cfg.hidden} heads={cfg.num_heads} block={cfg.block_size_tokens}"
+           f" seed={cfg.seed} threads={cfg.threads}")
+    return {
+        "name": f"cpu-{cfg.name}",
+        "hardware": f"{cpu_model()}, {cfg.threads} threads",
+        "model": cfg.to_spec().name,
+        "how": how,
+        "gpus_per_instance": 1,
+        "prefill": {"points": [{"length_tokens": n, "time_s": round(t, 6)}
+                               for n, t in prof.prefill_s]},
+        "kv": {"points": [{"length_tokens": n, "bytes": b} for n, b in prof.kv_bytes]},
+        "decode": {"bs_max": max(b for b, _ in prof.decode_step_s),
+                   "step_points": [{"batch": b, "step_s": round(t, 6)}
+                                   for b, t in prof.decode_step_s]},
+    }
