@@ -5,9 +5,10 @@ measures them (`StageRates`, requests/s; `stage_rates` computes them from the pl
 for given lengths, t and counts) and calls `observe(now_s, rates, view)`. The ratio
 r = (Θprfaas + Θpd-p) / Θpd-d is "prefill-bound" when r < 1 - tolerance and "decode-bound" when
 r > 1 + tolerance. A `RoleChange` is returned only when:
-- the same imbalance has lasted `persist_s` without interruption (a burst does not move roles);
+- the same imbalance has lasted `persist_s` without interruption (a burst does not move roles),
+  counting only while moving one instance would bring r closer to 1 in log terms (no
+  flip-flop around the optimum);
 - `cooldown_s` has passed since the last change (the previous move has taken effect);
-- moving one instance brings r closer to 1 in log terms (no flip-flop around the optimum);
 - each PD role keeps at least `min_per_role` instances.
 The instance moved is the cheapest to drain: for decode -> prefill the decoder with the fewest
 running + queued sequences (drain estimate `decode_drain_s`, e.g. L_out x T_decode), for
@@ -95,6 +96,8 @@ class Rebalancer:
                                                                       1e-12)
         tol = self.config.tolerance
         direction = -1 if ratio < 1 - tol else (1 if ratio > 1 + tol else 0)
+        if direction and not self._improves(ratio, rates, direction):
+            direction = 0  # imbalanced, but one move would overshoot: nothing to fix
         if direction != self._direction:
             self._direction, self._since_s = direction, now_s
         if direction == 0 or self._since_s is None:
@@ -102,8 +105,6 @@ class Rebalancer:
         if now_s - self._since_s < self.config.persist_s:
             return None
         if now_s - self._last_change_s < self.config.cooldown_s:
-            return None
-        if not self._improves(ratio, rates, direction):
             return None
         change = self._pick(now_s, ratio, direction, view)
         if change is not None:
