@@ -1,0 +1,120 @@
+"""`prfaas simulate`: one discrete-event run of a system under a workload.
+
+Defaults come from the planner's optimum (mode `exact`): t, N_p, N_d; the flags override them.
+Without --rate a synthetic run offers 90% of the planner's capacity for that system. JSON on
+stdout with --json; with --out DIR, `result.json` (deterministic: no wall-clock figures),
+`timing.json` and `requests.csv`.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import click
+
+from prfaas.cli.common import console, dumps, echo_json
+from prfaas.scenario import load_scenario
+from prfaas.sim.link import LinkSchedule
+from prfaas.sim.metrics import per_request_rows
+from prfaas.sim.run import build_workload, simulate
+from prfaas.sim.system import build_system
+
+WALL_KEYS = ("sim_wall_s",)
+
+
+def system_options(f: Any) -> Any:
+    """Flags shared by simulate and capacity."""
+    for opt in reversed([
+        click.option("--scenario", "scenario_name", default="paper-case-study",
+                     show_default=True, help="Built-in scenario name or a YAML path."),
+        click.option("--system", default="prfaas_pd", show_default=True,
+                     help="prfaas_pd, homogeneous_pd or naive_heterogeneous."),
+        click.option("--threshold", type=int, default=None, help="Override t (tokens)."),
+        click.option("--n-p", type=int, default=None, help="Override N_p."),
+        click.option("--n-d", type=int, default=None, help="Override N_d."),
+        click.option("--link-gbps", type=float, default=None,
+                     help="Constant inter-cluster capacity (overrides the scenario's)."),
+        click.option("--no-pipeline", is_flag=True, help="Send KV only after the prefill."),
+        click.option("--prefill-order", default="fifo", show_default=True,
+                     help="Prefill queue order: fifo or sjf (shortest first)."),
+        click.option("--arrivals", default="uniform", show_default=True,
+                     help="uniform, poisson or bursty."),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]):
+        f = opt(f)
+    return f
+
+
+def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int | None,
+                n_d: int | None, link_gbps: float | None, no_pipeline: bool,
+                prefill_order: str) -> Any:
+    scenario = load_scenario(scenario_name)
+    overrides: dict[str, Any] = {"prefill_order": prefill_order}
+    if link_gbps is not None:
+        overrides["link"] = LinkSchedule.constant(link_gbps)
+    if no_pipeline:
+        overrides["pipelined"] = False
+    cfg = build_system(scenario, system, threshold_tokens=threshold, n_p=n_p, n_d=n_d,
+                       **overrides)
+    return scenario, cfg
+
+
+@click.command("simulate")
+@system_options
+@click.option("--rate", type=float, default=None, help="Offered requests/s (rescales a trace).")
+@click.option("--duration", type=float, default=None, help="Simulated seconds of arrivals.")
+@click.option("--requests", type=int, default=None, help="Number of requests.")
+@click.option("--trace", type=str, default=None, help="Mooncake .jsonl or Azure .csv trace.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write result.json, timing.json and requests.csv here.")
+def command(scenario_name: str, system: str, threshold: int | None, n_p: int | None,
+            n_d: int | None, link_gbps: float | None, no_pipeline: bool, prefill_order: str,
+            arrivals: str, seed: int, rate: float | None, duration: float | None,
+            requests: int | None, trace: str | None, as_json: bool, out_dir: str | None
+            ) -> None:
+    """Simulate SYSTEM under a synthetic or trace workload; report TTFT, TPOT, egress."""
+    scenario, cfg = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
+                                no_pipeline, prefill_order)
+    if rate is None and trace is None:
+        from prfaas.planner.search import plan_all
+
+        rate = round(0.9 * plan_all(scenario, mode="exact").systems[system].lambda_max, 3)
+    workload = build_workload(scenario.lengths, scenario.output_tokens, rate_rps=rate,
+                              duration_s=duration, requests=requests,
+                              arrivals=arrivals, trace=trace, seed=seed)
+    sim, summary = simulate(cfg, workload)
+    summary["arrivals"] = arrivals if trace is None else "trace"
+    summary["seed"] = seed
+    if out_dir:
+        write_outputs(Path(out_dir), summary, per_request_rows(sim))
+    if as_json:
+        echo_json(summary)
+        return
+    _print(summary)
+
+
+def write_outputs(folder: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {k: v for k, v in summary.items() if k not in WALL_KEYS}
+    (folder / "result.json").write_text(dumps(result) + "\n")
+    (folder / "timing.json").write_text(dumps({k: summary[k] for k in WALL_KEYS}) + "\n")
+    with (folder / "requests.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["id"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _print(s: dict[str, Any]) -> None:
+    t, tp = s["ttft_s"], s["tpot_s"]
+    console.print(f"[bold]{s['system']}[/bold]  {s['workload']}")
+    console.print(f"offered {s['offered_rps']} req/s, throughput {s['throughput_rps']} req/s, "
+                  f"completed {s['completed']}/{s['requests']}")
+    console.print(f"TTFT mean {t['mean']} s, P50 {t['p50']}, P90 {t['p90']}, P99 {t['p99']}")
+    console.print(f"TPOT mean {tp['mean']} s, P90 {tp['p90']}; offload "
+                  f"{s['offload_fraction']}; egress mean {s['egress_gbps']['mean']} Gbps, "
+                  f"P99 {s['egress_gbps']['p99']}")
+    console.print(f"utilization {s['utilization']}; queue {s['queue']}")
+    console.print(f"{s['events']:,} events in {s['sim_wall_s']} s wall")

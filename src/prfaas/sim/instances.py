@@ -1,0 +1,143 @@
+"""Simulated instances: a prefill server with a queue, and a continuous-batching decoder.
+
+Prefill: one request at a time, service time from the instance's `PrefillTime` profile, charged
+only for the uncached part (`seconds(total, cached)`); queue order FIFO or shortest-first.
+
+Decode: up to BS_max sequences; every step emits one token per running sequence and takes
+`step_at(batch)` seconds. The decoder keeps a "virtual token" clock V that advances by one per
+step (at rate 1 / step_at(batch)); a sequence that joins at V0 with n tokens to emit leaves at
+V0 + n. So only joins and leaves are events, whatever the output length, and a step time that
+depends on the batch size is exact between events.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from prfaas.core.types import InstanceLoad, Role
+from prfaas.models.profile import DecodeTime, PrefillTime
+
+PREFILL_ORDERS = ("fifo", "sjf")
+
+
+class PrefillInstance:
+    def __init__(self, instance_id: str, cluster: str, profile: PrefillTime,
+                 order: str = "fifo") -> None:
+        self.instance_id = instance_id
+        self.cluster = cluster
+        self.index = 0  # position in the simulator's list (fits in an event tuple)
+        self.profile = profile
+        self.sjf = order == "sjf"
+        self._fifo: deque[tuple[int, float]] = deque()
+        self._heap: list[tuple[float, int]] = []
+        self.queued_service_s = 0.0
+        self.running = -1  # request index, -1 when idle
+        self.busy_until_s = 0.0
+        self.busy_s = 0.0
+        self.done = 0
+
+    def __len__(self) -> int:
+        return len(self._heap) if self.sjf else len(self._fifo)
+
+    def enqueue(self, req: int, service_s: float) -> None:
+        self.queued_service_s += service_s
+        if self.sjf:
+            heapq.heappush(self._heap, (service_s, req))
+        else:
+            self._fifo.append((req, service_s))
+
+    def start_next(self, now_s: float) -> tuple[int, float] | None:
+        """Take the next queued request; returns (request, finish time) or None if empty."""
+        if self.sjf:
+            if not self._heap:
+                return None
+            service_s, req = heapq.heappop(self._heap)
+        else:
+            if not self._fifo:
+                return None
+            req, service_s = self._fifo.popleft()
+        self.queued_service_s -= service_s
+        self.running = req
+        self.busy_until_s = now_s + service_s
+        self.busy_s += service_s
+        return req, self.busy_until_s
+
+    def finish(self) -> int:
+        req, self.running = self.running, -1
+        self.done += 1
+        return req
+
+    def drain_s(self, now_s: float) -> float:
+        """Predicted time to finish what is running and queued."""
+        running = self.busy_until_s - now_s if self.running >= 0 else 0.0
+        return max(running, 0.0) + self.queued_service_s
+
+    def load(self, now_s: float) -> InstanceLoad:
+        return InstanceLoad(self.instance_id, self.cluster, "prefill", len(self),
+                            self.drain_s(now_s), 1 if self.running >= 0 else 0, 0)
+
+
+class DecodeInstance:
+    def __init__(self, instance_id: str, cluster: str, profile: DecodeTime) -> None:
+        self.instance_id = instance_id
+        self.cluster = cluster
+        self.role: Role = "decode"
+        self.index = 0
+        self.profile = profile
+        self.bs_max = profile.bs_max
+        self._const_step_s = profile.step_s if not profile.batch_points else 0.0
+        self._virtual = 0.0  # tokens each running sequence has emitted since t = 0
+        self._last_s = 0.0
+        self._running: list[tuple[float, int]] = []  # (virtual finish, request)
+        self.waiting: deque[int] = deque()  # KV arrived, no free slot yet
+        self.inflight = 0  # routed here, KV not yet arrived
+        self.version = 0
+        self.slot_s = 0.0  # integral of batch size over time (for utilisation)
+        self.done = 0
+
+    @property
+    def batch(self) -> int:
+        return len(self._running)
+
+    def step_s(self) -> float:
+        return self._const_step_s or self.profile.step_at(max(len(self._running), 1))
+
+    def advance(self, now_s: float) -> None:
+        dt = now_s - self._last_s
+        if dt > 0 and self._running:
+            self._virtual += dt / self.step_s()
+            self.slot_s += dt * len(self._running)
+        self._last_s = now_s
+
+    def has_slot(self) -> bool:
+        return len(self._running) < self.bs_max
+
+    def join(self, now_s: float, req: int, tokens: int) -> None:
+        self.advance(now_s)
+        heapq.heappush(self._running, (self._virtual + tokens, req))
+        self.version += 1
+
+    def next_finish_s(self) -> float | None:
+        if not self._running:
+            return None
+        return self._last_s + max(self._running[0][0] - self._virtual, 0.0) * self.step_s()
+
+    def pop_finished(self, now_s: float) -> list[int]:
+        self.advance(now_s)
+        done: list[int] = []
+        eps = 1e-9 * max(1.0, self._virtual)
+        while self._running and self._running[0][0] <= self._virtual + eps:
+            done.append(heapq.heappop(self._running)[1])
+        if done:
+            self.version += 1
+            self.done += len(done)
+        return done
+
+    def free_slots(self) -> int:
+        return max(self.bs_max - len(self._running) - len(self.waiting) - self.inflight, 0)
+
+    def load(self, now_s: float) -> InstanceLoad:
+        return InstanceLoad(self.instance_id, self.cluster, "decode",
+                            len(self.waiting) + self.inflight, 0.0, len(self._running),
+                            self.free_slots())

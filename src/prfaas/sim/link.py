@@ -1,0 +1,117 @@
+"""The inter-cluster link: capacity B(t) shared max-min fairly by concurrent transfers.
+
+Every transfer has the same per-flow cap (`connections` x `per_connection_gbps`, or none), so
+max-min fairness gives each of the n active flows min(cap, B(t) / n): processor sharing. The
+link keeps a per-flow "virtual bytes" clock W that advances at that rate; a flow of b bytes that
+starts at W0 finishes when W reaches W0 + b. A join, a finish or a capacity change costs
+O(log n), with no per-byte or per-packet events.
+
+`LinkSchedule` is B(t): constant, or piecewise constant from [(start_s, gbps), ...].
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prfaas.core.errors import ConfigError
+
+BYTES_PER_GBPS = 1e9 / 8
+
+
+@dataclass(frozen=True)
+class LinkSchedule:
+    """Piecewise-constant capacity: `gbps[i]` from `start_s[i]` until the next start."""
+
+    start_s: tuple[float, ...]
+    gbps: tuple[float, ...]
+
+    @staticmethod
+    def constant(gbps: float) -> LinkSchedule:
+        return LinkSchedule.piecewise([(0.0, gbps)])
+
+    @staticmethod
+    def piecewise(points: Sequence[tuple[float, float]]) -> LinkSchedule:
+        if not points:
+            raise ConfigError("link.schedule", points, "need at least one (start_s, gbps) point")
+        pts = sorted((float(t), float(g)) for t, g in points)
+        if pts[0][0] > 0:
+            raise ConfigError("link.schedule", points, "the first point must start at 0 s")
+        for t, g in pts:
+            if not g > 0:
+                raise ConfigError("link.schedule", (t, g), "capacity must be positive Gbps")
+        return LinkSchedule(tuple(t for t, _ in pts), tuple(g for _, g in pts))
+
+    def at(self, time_s: float) -> float:
+        return self.gbps[max(bisect_right(self.start_s, time_s) - 1, 0)]
+
+    def next_change_s(self, time_s: float) -> float | None:
+        i = bisect_right(self.start_s, time_s)
+        return self.start_s[i] if i < len(self.start_s) else None
+
+
+class SharedLink:
+    """Processor-sharing link. The caller schedules `next_finish_s()` and calls `pop_finished`."""
+
+    def __init__(self, schedule: LinkSchedule, flow_cap_gbps: float | None = None) -> None:
+        if flow_cap_gbps is not None and not flow_cap_gbps > 0:
+            raise ConfigError("link.per_connection_gbps", flow_cap_gbps, "must be positive")
+        self.schedule = schedule
+        self.flow_cap_bps = flow_cap_gbps * BYTES_PER_GBPS if flow_cap_gbps else float("inf")
+        self._capacity_bps = schedule.at(0.0) * BYTES_PER_GBPS
+        self._virtual = 0.0  # bytes each active flow has been able to send so far
+        self._last_s = 0.0
+        self._flows: list[tuple[float, int]] = []  # (virtual finish, flow id)
+        self.version = 0  # bumped whenever the next finish time may have moved
+        self.busy_s = 0.0  # time with at least one flow
+        self.bytes_sent = 0.0
+
+    @property
+    def active(self) -> int:
+        return len(self._flows)
+
+    def capacity_gbps(self) -> float:
+        return self._capacity_bps / BYTES_PER_GBPS
+
+    def flow_rate_bps(self) -> float:
+        n = len(self._flows)
+        return min(self.flow_cap_bps, self._capacity_bps / n) if n else \
+            min(self.flow_cap_bps, self._capacity_bps)
+
+    def advance(self, now_s: float) -> None:
+        dt = now_s - self._last_s
+        if dt > 0 and self._flows:
+            rate = self.flow_rate_bps()
+            self._virtual += rate * dt
+            self.busy_s += dt
+            self.bytes_sent += rate * dt * len(self._flows)
+        self._last_s = now_s
+
+    def set_capacity(self, now_s: float, gbps: float) -> None:
+        self.advance(now_s)
+        self._capacity_bps = gbps * BYTES_PER_GBPS
+        self.version += 1
+
+    def start(self, now_s: float, flow_id: int, size_bytes: float) -> None:
+        self.advance(now_s)
+        heapq.heappush(self._flows, (self._virtual + max(size_bytes, 0.0), flow_id))
+        self.version += 1
+
+    def next_finish_s(self) -> float | None:
+        if not self._flows:
+            return None
+        left = self._flows[0][0] - self._virtual
+        return self._last_s + max(left, 0.0) / self.flow_rate_bps()
+
+    def pop_finished(self, now_s: float) -> list[int]:
+        """Flows done by `now_s` (a relative tolerance absorbs float rounding)."""
+        self.advance(now_s)
+        done: list[int] = []
+        eps = 1e-9 * max(1.0, self._virtual)
+        while self._flows and self._flows[0][0] <= self._virtual + eps:
+            done.append(heapq.heappop(self._flows)[1])
+        if done:
+            self.version += 1
+        return done

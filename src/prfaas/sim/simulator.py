@@ -1,0 +1,232 @@
+"""The discrete-event simulator: requests -> router -> prefill queue -> KV transfer -> decode.
+
+Event heap entries are (time_s, kind, seq, a, b): ties at one instant resolve by kind (resources
+are freed before new work arrives), then by insertion order, so a run is deterministic. Events
+exist only where state changes: arrival, prefill end, link flow end, KV arrival, decode leave,
+link capacity change. Every request is routed by a `Router` through `SimView`, the simulator's
+`ClusterView`; the cached-prefix lookup (`cached_lookup`) is the hook the prefix cache fills.
+
+A remote (PrfaaS) transfer shares the inter-cluster link (see link.py). Pipelined: the flow
+joins at prefill start and ends at the later of its bandwidth-limited finish and prefill end plus
+the last layer's share; otherwise it joins at prefill end. Local transfers run unshared at the
+intra-cluster rate with the same overlap rule. TTFT ends when the whole KV (and with it the
+first token) is at the decode instance.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from prfaas.core.types import PD_CLUSTER, PRFAAS_CLUSTER, RequestInfo, RouteQuery
+from prfaas.policy.base import Router, make_router
+from prfaas.sim.instances import DecodeInstance, PrefillInstance
+from prfaas.sim.link import BYTES_PER_GBPS, SharedLink
+from prfaas.sim.system import SystemConfig
+from prfaas.sim.view import SimView
+from prfaas.workload.requests import Workload
+
+DECODE_DONE, LINK_DONE, KV_ARRIVE, PREFILL_DONE, LINK_CHANGE, ARRIVAL = range(6)
+NO_CACHE: Mapping[str, int] = {}
+
+
+@dataclass
+class RequestLog:
+    """Per-request times (absolute seconds; nan where a stage never happened)."""
+
+    arrival_s: list[float]
+    input_tokens: list[int]
+    output_tokens: list[int]
+    remote: list[bool]
+    rejected: list[bool]
+    threshold_tokens: list[int]  # router's t when decided (-1: none)
+    prefill_start_s: list[float]
+    prefill_end_s: list[float]
+    kv_ready_s: list[float]  # = first token at the decoder (TTFT end)
+    finish_s: list[float]
+    kv_bytes: list[float]
+    flow_start_s: list[float]  # remote transfers: joined the link
+
+
+class Simulator:
+    def __init__(self, cfg: SystemConfig, workload: Workload, router: Router | None = None,
+                 cached_lookup: Callable[[int], Mapping[str, int]] | None = None,
+                 candidate_limit: int | None = None) -> None:
+        self.cfg = cfg
+        self.workload = workload
+        self.router = router or make_router(cfg.router, **(
+            {"threshold_tokens": cfg.threshold_tokens} if cfg.threshold_tokens is not None
+            else {}))
+        self.cached_lookup = cached_lookup
+        self.remote = [PrefillInstance(f"prfaas-p{i:04d}", PRFAAS_CLUSTER, cfg.prfaas_prefill,
+                                       cfg.prefill_order)
+                       for i in range(cfg.n_prfaas) if cfg.prfaas_prefill is not None]
+        self.local = [PrefillInstance(f"pd-p{i:04d}", PD_CLUSTER, cfg.pd_prefill,
+                                      cfg.prefill_order)
+                      for i in range(cfg.n_p) if cfg.pd_prefill is not None]
+        self.decoders = [DecodeInstance(f"pd-d{i:04d}", PD_CLUSTER, cfg.decode)
+                         for i in range(cfg.n_d)]
+        self.prefills = self.remote + self.local
+        for k, inst in enumerate(self.prefills):
+            inst.index = k
+        for k, dec in enumerate(self.decoders):
+            dec.index = k
+        self.prefill_by_id = {p.instance_id: p for p in self.prefills}
+        self.decode_by_id = {d.instance_id: d for d in self.decoders}
+        self.link = SharedLink(cfg.link, cfg.flow_cap_gbps)
+        self.view = SimView(self, candidate_limit)
+        self.now_s = 0.0
+        self.events = 0
+        self.in_system = 0
+        self.in_system_at_arrival: list[int] = []
+        self._heap: list[tuple[float, int, int, int, int]] = []
+        self._seq = 0
+        n = len(workload)
+        nan = float("nan")
+        self.log = RequestLog(
+            workload.arrival_s.tolist(), workload.input_tokens.tolist(),
+            workload.output_tokens.tolist(), [False] * n, [False] * n, [-1] * n, [nan] * n,
+            [nan] * n, [nan] * n, [nan] * n, [0.0] * n, [nan] * n)
+        self._decoder_of: list[DecodeInstance | None] = [None] * n
+        self._prefill_of: list[PrefillInstance | None] = [None] * n
+        self._flow_done = [False] * n
+
+    # -- event plumbing ---------------------------------------------------------------------
+    def _push(self, time_s: float, kind: int, a: int = 0, b: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (time_s, kind, self._seq, a, b))
+
+    def run(self) -> Simulator:
+        if len(self.workload):
+            self._push(self.log.arrival_s[0], ARRIVAL, 0)
+        change = self.cfg.link.next_change_s(0.0)
+        if change is not None:
+            self._push(change, LINK_CHANGE)
+        handlers = (self._on_decode_done, self._on_link_done, self._on_kv_arrive,
+                    self._on_prefill_done, self._on_link_change, self._on_arrival)
+        heap = self._heap
+        pop = heapq.heappop
+        while heap:
+            time_s, kind, _, a, b = pop(heap)
+            self.now_s = time_s
+            self.events += 1
+            handlers[kind](a, b)
+        return self
+
+    # -- handlers ---------------------------------------------------------------------------
+    def _on_arrival(self, i: int, _: int) -> None:
+        log, now = self.log, self.now_s
+        if i + 1 < len(log.arrival_s):
+            self._push(log.arrival_s[i + 1], ARRIVAL, i + 1)
+        self.in_system_at_arrival.append(self.in_system)
+        cached = self.cached_lookup(i) if self.cached_lookup else NO_CACHE
+        info = RequestInfo(str(i), log.input_tokens[i], log.output_tokens[i], now)
+        decision = self.router.route(RouteQuery(info, cached), self.view)
+        t = self.router.threshold_tokens()
+        log.threshold_tokens[i] = -1 if t is None else t
+        decoder = self.decode_by_id.get(decision.decode_instance or "")
+        prefill = self.prefill_by_id.get(decision.prefill_instance)
+        if decision.rejected or decoder is None or prefill is None:
+            log.rejected[i] = True
+            return
+        self.in_system += 1
+        decoder.inflight += 1
+        self._decoder_of[i] = decoder
+        self._prefill_of[i] = prefill
+        log.remote[i] = prefill.cluster == PRFAAS_CLUSTER
+        log.kv_bytes[i] = self.cfg.kv.bytes_for(log.input_tokens[i])
+        prefill.enqueue(i, prefill.profile.seconds(log.input_tokens[i], decision.cached_tokens))
+        if prefill.running < 0:
+            self._start_prefill(prefill)
+
+    def _start_prefill(self, prefill: PrefillInstance) -> None:
+        started = prefill.start_next(self.now_s)
+        if started is None:
+            return
+        req, end_s = started
+        self.log.prefill_start_s[req] = self.now_s
+        self._push(end_s, PREFILL_DONE, prefill.index, 0)
+        if self.log.remote[req] and self.cfg.pipelined:
+            self._start_flow(req)
+
+    def _start_flow(self, req: int) -> None:
+        self.log.flow_start_s[req] = self.now_s
+        self.link.start(self.now_s, req, self.log.kv_bytes[req])
+        self._schedule_link()
+
+    def _schedule_link(self) -> None:
+        at = self.link.next_finish_s()
+        if at is not None:
+            self._push(at, LINK_DONE, 0, self.link.version)
+
+    def _last_layer_s(self, req: int, rate_bps: float) -> float:
+        return self.log.kv_bytes[req] / self.cfg.kv_layers / rate_bps
+
+    def _on_prefill_done(self, index: int, _: int) -> None:
+        prefill = self.prefills[index]
+        req = prefill.finish()
+        log, now = self.log, self.now_s
+        log.prefill_end_s[req] = now
+        if log.remote[req]:
+            if not self.cfg.pipelined:
+                self._start_flow(req)
+            elif self._flow_done[req]:
+                rate = min(self.link.flow_cap_bps, self.link.capacity_gbps() * BYTES_PER_GBPS)
+                self._push(now + self._last_layer_s(req, rate), KV_ARRIVE, req)
+        else:
+            rate = self.cfg.intra_gbps * BYTES_PER_GBPS
+            whole = log.kv_bytes[req] / rate
+            ready = max(log.prefill_start_s[req] + whole, now + self._last_layer_s(req, rate)) \
+                if self.cfg.pipelined else now + whole
+            self._push(ready, KV_ARRIVE, req)
+        self._start_prefill(prefill)
+
+    def _on_link_done(self, _: int, version: int) -> None:
+        if version != self.link.version:
+            return  # superseded by a later join, finish or capacity change
+        now = self.now_s
+        for req in self.link.pop_finished(now):
+            self._flow_done[req] = True
+            end = self.log.prefill_end_s[req]
+            if end == end:  # prefill already over (not nan): the transfer is complete
+                tail = self._last_layer_s(req, self.link.flow_rate_bps()) \
+                    if self.cfg.pipelined else 0.0
+                self._push(max(now, end + tail), KV_ARRIVE, req)
+        self._schedule_link()
+
+    def _on_link_change(self, _: int, __: int) -> None:
+        self.link.set_capacity(self.now_s, self.cfg.link.at(self.now_s))
+        self._schedule_link()
+        change = self.cfg.link.next_change_s(self.now_s)
+        if change is not None and self._heap:
+            self._push(change, LINK_CHANGE)
+
+    def _on_kv_arrive(self, req: int, _: int) -> None:
+        self.log.kv_ready_s[req] = self.now_s
+        decoder = self._decoder_of[req]
+        assert decoder is not None
+        decoder.inflight -= 1
+        if decoder.has_slot() and not decoder.waiting:
+            decoder.join(self.now_s, req, self.log.output_tokens[req])
+            self._schedule_decoder(decoder)
+        else:
+            decoder.waiting.append(req)
+
+    def _schedule_decoder(self, decoder: DecodeInstance) -> None:
+        at = decoder.next_finish_s()
+        if at is not None:
+            self._push(at, DECODE_DONE, decoder.index, decoder.version)
+
+    def _on_decode_done(self, index: int, version: int) -> None:
+        decoder = self.decoders[index]
+        if version != decoder.version:
+            return
+        now = self.now_s
+        for req in decoder.pop_finished(now):
+            self.log.finish_s[req] = now
+            self.in_system -= 1
+        while decoder.waiting and decoder.has_slot():
+            req = decoder.waiting.popleft()
+            decoder.join(now, req, self.log.output_tokens[req])
+        self._schedule_decoder(decoder)

@@ -1,0 +1,146 @@
+"""Assemble a simulated system (`prfaas_pd`, `homogeneous_pd`, `naive_heterogeneous`) from a
+scenario, the planner's optimum and any overrides.
+
+- prfaas_pd: N_prfaas PrfaaS prefill instances (remote: KV crosses the inter-cluster link),
+  N_p local PD-P and N_d PD-D instances of the PD cluster; router `prfaas-threshold` with t.
+- homogeneous_pd: the homogeneous pool split N_p / N_d; router `all-pd`.
+- naive_heterogeneous: every prefill on the naive prefill pool (remote), decode on the naive
+  decode pool; router `all-prfaas`.
+
+Link: `scenario.link_gbps`, or the scenario's `link.schedule` ([[start_s, gbps], ...] or
+[{start_s, gbps}, ...]), optional `connections` x `per_connection_gbps` per-transfer cap and
+`pipelined` (default true). Intra-cluster transfers run at `intra_gbps`, unshared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prfaas.core.errors import ConfigError, UnknownNameError
+from prfaas.models.profile import DecodeTime, KVSize, PrefillTime
+from prfaas.scenario import Scenario
+from prfaas.sim.link import LinkSchedule
+
+SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
+DEFAULT_KV_LAYERS = 64  # used for the last layer's share when the scenario names no model
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    system: str
+    router: str
+    threshold_tokens: int | None
+    n_prfaas: int  # remote prefill instances (0 for homogeneous_pd)
+    n_p: int  # local prefill instances (0 for naive_heterogeneous)
+    n_d: int
+    prfaas_prefill: PrefillTime | None
+    pd_prefill: PrefillTime | None
+    decode: DecodeTime
+    kv: KVSize
+    link: LinkSchedule
+    flow_cap_gbps: float | None
+    intra_gbps: float
+    pipelined: bool = True
+    kv_layers: int = DEFAULT_KV_LAYERS
+    prefill_order: str = "fifo"
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved configuration, written beside results."""
+        return {"system": self.system, "router": self.router,
+                "threshold_tokens": self.threshold_tokens, "n_prfaas": self.n_prfaas,
+                "n_p": self.n_p, "n_d": self.n_d,
+                "link_schedule": [list(p) for p in zip(self.link.start_s, self.link.gbps,
+                                                       strict=True)],
+                "flow_cap_gbps": self.flow_cap_gbps, "intra_gbps": self.intra_gbps,
+                "pipelined": self.pipelined, "kv_layers": self.kv_layers,
+                "prefill_order": self.prefill_order}
+
+
+def _schedule(link: dict[str, Any], gbps: float) -> LinkSchedule:
+    raw = link.get("schedule")
+    if raw is None:
+        return LinkSchedule.constant(gbps)
+    if not isinstance(raw, list):
+        raise ConfigError("link.schedule", raw, "expected a list of [start_s, gbps]")
+    points = []
+    for i, p in enumerate(raw):
+        if isinstance(p, dict):
+            points.append((float(p.get("start_s", -1)), float(p.get("gbps", 0))))
+        elif isinstance(p, list | tuple) and len(p) == 2:
+            points.append((float(p[0]), float(p[1])))
+        else:
+            raise ConfigError(f"link.schedule[{i}]", p, "expected [start_s, gbps]")
+    return LinkSchedule.piecewise(points)
+
+
+def _flow_cap(link: dict[str, Any]) -> float | None:
+    per = link.get("per_connection_gbps")
+    if per is None:
+        return None
+    conns = int(link.get("connections", 1))
+    if conns < 1:
+        raise ConfigError("link.connections", conns, "must be at least 1")
+    return float(per) * conns
+
+
+def build_system(s: Scenario, system: str, *, threshold_tokens: int | None = None,
+                 n_p: int | None = None, n_d: int | None = None,
+                 plan_mode: str = "exact", **overrides: Any) -> SystemConfig:
+    """A system with the planner's optimum, then `threshold_tokens`, `n_p`, `n_d` and any
+    SystemConfig field in `overrides` (e.g. link, pipelined, prefill_order) replacing it."""
+    if system not in SYSTEMS:
+        raise UnknownNameError("system", system, list(SYSTEMS))
+    from prfaas.planner.search import plan_all
+
+    plan = plan_all(s, mode=plan_mode).systems[system]
+    link_raw = s.raw.get("link", {}) if isinstance(s.raw.get("link"), dict) else {}
+    decode_hw = {"prfaas_pd": s.pd, "homogeneous_pd": s.homogeneous,
+                 "naive_heterogeneous": s.naive_decode}[system].hardware
+    layers = s.model.num_layers if s.model is not None else DEFAULT_KV_LAYERS
+    base: dict[str, Any] = dict(
+        decode=decode_hw.require_decode(), kv=s.kv, link=_schedule(link_raw, s.link_gbps),
+        flow_cap_gbps=_flow_cap(link_raw), intra_gbps=s.intra_gbps,
+        pipelined=bool(link_raw.get("pipelined", True)), kv_layers=layers)
+    pool = s.pd.instances if system == "prfaas_pd" else s.homogeneous.instances
+    if n_p is not None and n_d is None:
+        n_d = pool - n_p  # one flag moves the split; the pool size stays
+    elif n_d is not None and n_p is None and system != "naive_heterogeneous":
+        n_p = pool - n_d
+    n_p_val = n_p if n_p is not None else plan.n_p
+    n_d_val = n_d if n_d is not None else plan.n_d
+    if system == "prfaas_pd":
+        t = threshold_tokens if threshold_tokens is not None else plan.threshold_tokens
+        cfg = SystemConfig(system, "prfaas-threshold", t, s.prfaas.instances, int(n_p_val or 0),
+                           int(n_d_val), s.prfaas.hardware.require_prefill(),
+                           s.pd.hardware.require_prefill(), **base)
+        total = s.pd.instances
+    elif system == "homogeneous_pd":
+        cfg = SystemConfig(system, "all-pd", None, 0, int(n_p_val or 0), int(n_d_val), None,
+                           s.homogeneous.hardware.require_prefill(), **base)
+        total = s.homogeneous.instances
+    else:
+        cfg = SystemConfig(system, "all-prfaas", None, s.naive_prefill.instances, 0,
+                           int(n_d if n_d is not None else s.naive_decode.instances),
+                           s.naive_prefill.hardware.require_prefill(), None, **base)
+        total = cfg.n_d
+    cfg = replace(cfg, **overrides) if overrides else cfg
+    _validate(cfg, total)
+    return cfg
+
+
+def _validate(cfg: SystemConfig, pd_total: int) -> None:
+    if cfg.n_d < 1:
+        raise ConfigError("n_d", cfg.n_d, "need at least one decode instance")
+    if cfg.system != "naive_heterogeneous":
+        if cfg.n_p < 1:
+            raise ConfigError("n_p", cfg.n_p, "need at least one local prefill instance")
+        if cfg.n_p + cfg.n_d != pd_total:
+            raise ConfigError("n_p + n_d", cfg.n_p + cfg.n_d,
+                              f"the PD pool of {cfg.system} has {pd_total} instances")
+    if cfg.threshold_tokens is not None and cfg.threshold_tokens < 0:
+        raise ConfigError("threshold_tokens", cfg.threshold_tokens, "must be >= 0")
+    if cfg.prefill_order not in ("fifo", "sjf"):
+        raise UnknownNameError("prefill_order", cfg.prefill_order, ["fifo", "sjf"])
+    if not cfg.intra_gbps > 0:
+        raise ConfigError("intra_gbps", cfg.intra_gbps, "must be positive")
