@@ -160,8 +160,10 @@ class KVSender:
         """Tell the receiver the request is abandoned (it fails the request's waiter)."""
         self._check()
         req = self._requests.setdefault(request_id, _Request())
-        await self._enqueue(_Frame(request_id, abort_frame(request_id, reason), b""),
-                            self._least_loaded())
+        # On every connection, like END: each one then closes the request out in order, so a
+        # later hang-up of any of them is not mistaken for a peer gone mid-transfer.
+        for stream in self._streams:
+            await self._enqueue(_Frame(request_id, abort_frame(request_id, reason), b""), stream)
         await self._await_drained(request_id, req, None)
 
     async def close(self) -> None:
