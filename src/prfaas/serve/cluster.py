@@ -1,0 +1,109 @@
+"""The live router's `ClusterView`: what the policy reads, kept by the router itself.
+
+Loads are the router's own bookkeeping of what it sent where (in-flight prefills and their
+predicted work, running decodes), which is exact for a single router and needs no polling.
+Prefill time is predicted from each worker's measured seconds per computed token (an EWMA the
+worker reports with every prefill; a prior until then); KV transfer time from the model's KV
+geometry and the topology's link rate. The link status comes from the router's LinkMonitor fed
+with the bytes each PrfaaS prefill reports having shipped. The clock is read here, never in the
+policy: `now_s` is a snapshot taken when the view is built.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prfaas.core.types import InstanceLoad, LinkStatus, Role
+from prfaas.models.kv import KVGeometry
+from prfaas.serve.topology import Topology, WorkerSpec
+from prfaas.transport import LinkMonitor
+
+PRIOR_SECONDS_PER_TOKEN = 2e-4  # until a worker has measured itself
+UNSHAPED_GBPS = 100.0  # what "no rate limit" on loopback is taken to mean for predictions
+
+
+@dataclass(slots=True)
+class _Load:
+    spec: WorkerSpec
+    inflight: int = 0
+    inflight_work_s: float = 0.0
+    seconds_per_token: float = PRIOR_SECONDS_PER_TOKEN
+
+
+class LiveCluster:
+    """Mutable bookkeeping; `view()` gives the frozen-in-time ClusterView a policy reads."""
+
+    def __init__(self, topology: Topology, geometry: KVGeometry) -> None:
+        self.topology = topology
+        self.geometry = geometry
+        self.loads = {w.name: _Load(w) for w in topology.workers}
+        self.monitor = LinkMonitor()
+        self.pending_kv_bytes = 0.0
+        self._t0 = time.monotonic()
+
+    def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
+        load = self.loads.get(instance_id)
+        per_token = load.seconds_per_token if load else PRIOR_SECONDS_PER_TOKEN
+        return max(total_tokens - cached_tokens, 1) * per_token
+
+    def start(self, name: str, work_s: float = 0.0) -> None:
+        load = self.loads[name]
+        load.inflight += 1
+        load.inflight_work_s += work_s
+
+    def finish(self, name: str, work_s: float = 0.0) -> None:
+        load = self.loads[name]
+        load.inflight = max(load.inflight - 1, 0)
+        load.inflight_work_s = max(load.inflight_work_s - work_s, 0.0)
+
+    def measured(self, name: str, seconds_per_token: float) -> None:
+        if seconds_per_token > 0:
+            self.loads[name].seconds_per_token = seconds_per_token
+
+    def shipped(self, worker: WorkerSpec, kv_bytes: int) -> None:
+        if worker.role == "prfaas":
+            self.monitor.record_sent(kv_bytes)
+
+    def view(self) -> LiveView:
+        return LiveView(self, time.monotonic() - self._t0)
+
+
+class LiveView:
+    """A `ClusterView` over the router's bookkeeping at one instant."""
+
+    def __init__(self, cluster: LiveCluster, now_s: float) -> None:
+        self._c = cluster
+        self._now_s = now_s
+
+    @property
+    def now_s(self) -> float:
+        return self._now_s
+
+    def instances(self, cluster: str | None = None, role: Role | None = None
+                  ) -> Sequence[InstanceLoad]:
+        out = []
+        for load in self._c.loads.values():
+            w = load.spec
+            w_role: Role = "prefill" if w.is_prefill else "decode"
+            if (cluster is not None and w.cluster != cluster) or (role and w_role != role):
+                continue
+            free = max(w.max_batch - load.inflight, 0) if w_role == "decode" else 0
+            out.append(InstanceLoad(w.name, w.cluster, w_role, queued_requests=load.inflight,
+                                    queued_work_s=load.inflight_work_s,
+                                    running=load.inflight, free_slots=free))
+        return out
+
+    def link(self) -> LinkStatus:
+        rate = self._c.topology.link.rate_gbps or UNSHAPED_GBPS
+        return LinkStatus(capacity_gbps=rate,
+                          egress_gbps=self._c.monitor.egress_bytes_per_s() * 8 / 1e9,
+                          pending_bytes=self._c.pending_kv_bytes)
+
+    def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
+        return self._c.prefill_time_s(instance_id, total_tokens, cached_tokens)
+
+    def kv_transfer_s(self, tokens: int) -> float:
+        rate = self._c.topology.link.rate_gbps or UNSHAPED_GBPS
+        return self._c.geometry.size_bytes(tokens) * 8 / (rate * 1e9)

@@ -1,0 +1,192 @@
+"""Decode worker (role `pd-d`): a KVReceiver for incoming KV plus an aiohttp control service.
+
+`POST /generate` answers as NDJSON: first `ready` with the prefix this node already holds
+(the router tells the prefill node to ship only the rest), then, once every layer of the
+request has arrived (`KVReceiver.wait_request`, bounded by the kv timeout), it rebuilds the
+cache (`Engine.import_kv` on top of its cached prefix), keeps the prompt's block-aligned prefix
+in its own cache, samples the first token from the shipped logits, admits the request into the
+continuous batch and streams each token. A failed transfer (bad frame, peer gone, timeout)
+ends the request with an `error` line; the worker keeps serving. `POST /cancel` abandons a
+request still waiting for its KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from aiohttp import web
+
+from prfaas.core.errors import ConfigError, PrfaasError, TransportError
+from prfaas.engine import DecodeSeq, Engine, SamplingParams, SequenceKV, sample
+from prfaas.serve.batcher import Active, Batcher
+from prfaas.serve.kvship import read_shipped
+from prfaas.serve.prefix_store import CacheDelta, PrefixStore
+from prfaas.serve.protocol import ProtocolError, error_reply, get_int, get_tokens, line, read_body
+from prfaas.serve.topology import Topology, WorkerSpec
+from prfaas.transport import KVReceiver, ReceiverConfig
+
+
+def sampling_from(raw: object) -> SamplingParams:
+    m = raw if isinstance(raw, dict) else {}
+    try:
+        return SamplingParams(float(m.get("temperature", 0.0)), float(m.get("top_p", 1.0)),
+                              int(m.get("seed", 0)), bool(m.get("ignore_eos", False)))
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError("sampling", raw, str(exc)) from exc
+
+
+class DecodeWorker:
+    def __init__(self, topology: Topology, spec: WorkerSpec, engine: Engine) -> None:
+        self.topology, self.spec, self.engine = topology, spec, engine
+        self.block_size_tokens = engine.config.block_size_tokens
+        self.store = PrefixStore(self.block_size_tokens, topology.cache_capacity_bytes)
+        self.receiver = KVReceiver(ReceiverConfig(host=spec.host, port=spec.kv_port,
+                                                  frame_timeout_s=topology.timeouts.kv_s))
+        self.batcher = Batcher(engine, spec.max_batch)
+        self._waits: dict[int, asyncio.Task[Any]] = {}
+        self.kv_waiting = 0
+        self.served = 0
+        self.failed_transfers = 0
+        # SWA layers keep only a window: a block-aligned prefix of them cannot be cut here
+        self._can_cache = "S" not in engine.config.layer_pattern
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.add_routes([web.get("/health", self.health), web.get("/status", self.status),
+                        web.post("/generate", self.generate), web.post("/cancel", self.cancel)])
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _: web.Application) -> None:
+        await self.receiver.start()
+        self.batcher.start()
+
+    async def _stop(self, _: web.Application) -> None:
+        await self.batcher.stop()
+        await self.receiver.close()
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "name": self.spec.name, "role": self.spec.role,
+                                  "kv_port": self.receiver.port})
+
+    async def status(self, _: web.Request) -> web.Response:
+        b = self.batcher
+        return web.json_response({
+            "name": self.spec.name, "role": self.spec.role, "cluster": self.spec.cluster,
+            "running": len(b.running), "waiting": len(b.waiting), "kv_waiting": self.kv_waiting,
+            "free_slots": b.free_slots, "served": self.served, "steps": b.steps,
+            "mean_step_s": b.step_s_total / b.steps if b.steps else 0.0,
+            "failed_transfers": self.failed_transfers,
+            "received_bytes": self.receiver.stats.received_bytes,
+            "cache": {"entries": self.store.num_entries, "used_bytes": self.store.used_bytes,
+                      "hits": self.store.hits, "misses": self.store.misses},
+        })
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        try:
+            rid = get_int(await read_body(request), "request_id")
+        except ProtocolError as exc:
+            return error_reply(400, "bad_request", str(exc))
+        task = self._waits.get(rid)
+        if task is not None:
+            task.cancel()
+        return web.json_response({"cancelled": task is not None})
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await read_body(request)
+            rid = get_int(body, "request_id")
+            token_ids = get_tokens(body)
+            max_tokens = get_int(body, "max_tokens", minimum=1)
+            params = sampling_from(body.get("sampling"))
+        except ProtocolError as exc:
+            return error_reply(400, "bad_request", str(exc))
+        prefix = self.store.lookup(token_ids, len(token_ids) - 1) if self._can_cache else None
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        await resp.write(line({"event": "ready",
+                               "cached_tokens": prefix.num_tokens if prefix else 0}))
+        try:
+            active, info = await self._admit(rid, token_ids, prefix, max_tokens, params)
+        except (PrfaasError, asyncio.CancelledError) as exc:
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
+                raise  # this handler itself is being cancelled (shutdown), not just the wait
+            if isinstance(exc, TransportError):
+                self.failed_transfers += 1
+            msg = "cancelled" if isinstance(exc, asyncio.CancelledError) else str(exc)
+            with contextlib.suppress(ConnectionError):
+                await resp.write(line({"event": "error", "message": msg,
+                                       "type": type(exc).__name__}))
+            return resp
+        await self._stream(resp, active, info)
+        return resp
+
+    async def _admit(self, rid: int, token_ids: list[int], prefix: SequenceKV | None,
+                     max_tokens: int, params: SamplingParams) -> tuple[Active, dict[str, Any]]:
+        t0 = time.perf_counter()
+        self.kv_waiting += 1
+        wait = asyncio.create_task(self.receiver.wait_request(rid, self.topology.timeouts.kv_s))
+        self._waits[rid] = wait
+        try:
+            received = await wait
+        finally:
+            self.kv_waiting -= 1
+            self._waits.pop(rid, None)
+        t_kv = time.perf_counter()
+        shipped = read_shipped(received, self.engine.config.num_layers)
+        try:
+            kv = self.engine.import_kv(shipped.layers, prefix, token_ids)
+        except ConfigError as exc:
+            raise TransportError(f"request {rid}: received KV does not fit: {exc}") from exc
+        delta = self._keep_prefix(kv, token_ids, shipped.snap_at, shipped.snapshots)
+        first = sample(shipped.logits, params, 0)
+        active = Active(DecodeSeq(kv, first, params, step=1), max_tokens)
+        if not active.offer(first, self.engine.tokenizer.eos_id):
+            self.batcher.admit(active)
+        info = {"kv_wait_s": t_kv - t0, "kv_bytes_received": shipped.num_bytes,
+                "cache": delta.to_json()}
+        return active, info
+
+    def _keep_prefix(self, kv: SequenceKV, token_ids: list[int], snap_at: int,
+                     snapshots: dict[int, dict[str, Any]]) -> CacheDelta:
+        """Cache the prompt's block-aligned prefix before decoding extends the sequence."""
+        if not self._can_cache:
+            return CacheDelta()
+        for layer, state in snapshots.items():
+            # the engine's LinearStore keeps snapshots by length; the shipped one is exact
+            kv.stores[layer].snapshots[snap_at] = state  # type: ignore[union-attr]
+        boundaries = [b for b in range(1, len(token_ids) // self.block_size_tokens + 1)
+                      if _has_state_at(kv, b * self.block_size_tokens)]
+        return self.store.insert(kv, token_ids, boundaries)
+
+    async def _stream(self, resp: web.StreamResponse, active: Active,
+                      info: dict[str, Any]) -> None:
+        try:
+            while True:
+                event = await active.events.get()
+                if isinstance(event, int):
+                    await resp.write(line({"event": "token", "id": event}))
+                    continue
+                if event.startswith("error"):
+                    await resp.write(line({"event": "error", "message": event}))
+                else:
+                    self.served += 1
+                    await resp.write(line({"event": "done", "finish_reason": event,
+                                           "num_tokens": active.emitted, **info}))
+                return
+        except (ConnectionError, asyncio.CancelledError):
+            active.cancelled = True  # the router went away: free the batch slot
+            raise
+
+
+def _has_state_at(kv: SequenceKV, num_tokens: int) -> bool:
+    for store in kv.stores:
+        snapshots = getattr(store, "snapshots", None)
+        if snapshots is not None and num_tokens not in snapshots and store.num_tokens != num_tokens:
+            return False
+    return True

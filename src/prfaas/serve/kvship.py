@@ -1,0 +1,97 @@
+"""What a prefill worker puts on the KV transport for one request, and how a decode worker
+reads it back. The transport carries named numpy arrays per (request, layer); on top of it:
+
+- per layer `i`: the layer's tensors (`layer_kv_to_arrays`) plus `range` = int64 [start, end]
+  (the token range the rows cover, which the transport does not know);
+- per linear layer, when the prompt's last full block boundary B lies inside the shipped range:
+  `snap.<name>` = the layer's state at B, so the decode worker can keep a reusable prefix;
+- on the request layer `META_LAYER` (kind none): `logits` (float32 [vocab], last prompt
+  position: the decode worker samples the first token from it, exactly as `generate` does) and
+  `snap_at` = int64 [B] (0 when no snapshot was shipped).
+Rows shipped are [ship_from, L): the decode worker already holds [0, ship_from).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from prfaas.core.errors import TransportError
+from prfaas.engine import LayerKV, SequenceKV, layer_kv_from_arrays, layer_kv_to_arrays
+from prfaas.transport import ReceivedKV
+
+META_LAYER = 0xFFFF
+FULL_ATTN = ("mla", "gqa")
+
+
+def reframe(layer: LayerKV, ship_from: int, prefix: SequenceKV | None) -> LayerKV:
+    """The layer's KV for [ship_from, end) given the hook's KV for [computed_from, end):
+    full-attention rows of the prefill node's cached prefix are prepended, rows the decode
+    node already holds are cut. Linear states and SWA windows are already complete."""
+    if layer.kind not in FULL_ATTN or layer.start_token == ship_from:
+        return layer
+    if layer.start_token > ship_from:
+        if prefix is None:
+            raise TransportError(f"layer {layer.layer_index}: rows [{ship_from}, "
+                                 f"{layer.start_token}) needed but no cached prefix")
+        head = prefix.export_layer(layer.layer_index, ship_from, layer.start_token)
+        tensors = {n: torch.cat([head.tensors[n], t]) for n, t in layer.tensors.items()}
+    else:
+        cut = ship_from - layer.start_token
+        tensors = {n: t[cut:] for n, t in layer.tensors.items()}
+    return LayerKV(layer.layer_index, layer.kind, ship_from, layer.end_token, tensors)
+
+
+def layer_arrays(layer: LayerKV) -> list[tuple[str, np.ndarray]]:
+    arrays = layer_kv_to_arrays(layer)
+    arrays.append(("range", np.array([layer.start_token, layer.end_token], dtype=np.int64)))
+    return arrays
+
+
+def snapshot_arrays(kv: SequenceKV, boundary: int) -> list[tuple[int, str, np.ndarray]]:
+    """(layer, name, array) of every linear layer's state at `boundary` (a block boundary)."""
+    out: list[tuple[int, str, np.ndarray]] = []
+    for i, store in enumerate(kv.stores):
+        layer = kv.export_layer(i, boundary, boundary) if _is_linear(store) else None
+        if layer is None:
+            continue
+        for name, t in sorted(layer.tensors.items()):
+            out.append((i, f"snap.{name}", t.detach().contiguous().numpy()))
+    return out
+
+
+def _is_linear(store: object) -> bool:
+    return type(store).__name__ == "LinearStore"
+
+
+@dataclass(slots=True)
+class ShippedKV:
+    layers: list[LayerKV]
+    logits: torch.Tensor
+    snap_at: int
+    snapshots: dict[int, dict[str, torch.Tensor]]  # linear layer -> state at snap_at
+    num_bytes: int
+
+
+def read_shipped(received: ReceivedKV, num_layers: int) -> ShippedKV:
+    """Rebuild the layers and metadata; a missing or inconsistent piece is a TransportError."""
+    meta = received.layers.get(META_LAYER, {})
+    if "logits" not in meta or "snap_at" not in meta:
+        raise TransportError(f"request {received.request_id}: no logits/snap_at meta frame")
+    layers: list[LayerKV] = []
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
+    for i in range(num_layers):
+        arrays = received.layers.get(i)
+        if arrays is None or "range" not in arrays:
+            raise TransportError(f"request {received.request_id}: layer {i} missing")
+        start, end = (int(v) for v in arrays["range"])
+        plain = [(n, a) for n, a in arrays.items() if n != "range" and not n.startswith("snap.")]
+        layers.append(layer_kv_from_arrays(i, received.kinds[i], start, end, plain))
+        snap = {n[5:]: torch.from_numpy(np.array(a)) for n, a in arrays.items()
+                if n.startswith("snap.")}
+        if snap:
+            snapshots[i] = snap
+    logits = torch.from_numpy(np.array(meta["logits"], dtype=np.float32))
+    return ShippedKV(layers, logits, int(meta["snap_at"][0]), snapshots, received.num_bytes)

@@ -1,0 +1,119 @@
+"""Start a topology's router and workers as processes on this host, and stop them.
+
+`Deployment(topology).start()` resolves port 0 to free ports, writes the resolved topology
+beside the logs, spawns every worker then the router (`python -m prfaas.serve.proc`), and waits
+until each answers `GET /health` (a process that exits early fails the start, with the tail of
+its log). `stop()` sends SIGTERM, waits, then SIGKILLs what is left; it is also the context
+manager's exit. Workers whose host is not this one are expected to be running already.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from prfaas.core.errors import PrfaasError
+from prfaas.serve.topology import Topology
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0")
+
+
+class DeploymentError(PrfaasError):
+    """A component did not come up; names it and shows its log tail."""
+
+
+class Deployment:
+    def __init__(self, topology: Topology, log_dir: str | Path | None = None,
+                 start_timeout_s: float = 120.0) -> None:
+        self.topology = topology.with_ports()
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-serve-"))
+        self.start_timeout_s = start_timeout_s
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        return self.topology.router_url
+
+    def __enter__(self) -> Deployment:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / "topology.resolved.yaml"
+        self.topology.dump(path)
+        try:
+            for w in self.topology.workers:
+                if w.host in LOCAL_HOSTS:
+                    self._spawn(w.name, path)
+            self._wait_all([(w.name, w.url) for w in self.topology.workers])
+            self._spawn("router", path)
+            self._wait_all([("router", self.topology.router_url)])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn(self, name: str, path: Path) -> None:
+        cmd = [sys.executable, "-m", "prfaas.serve.proc", "--topology", str(path), "--name", name]
+        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (owned by the child)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+
+    def _wait_all(self, targets: list[tuple[str, str]]) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        pending = dict(targets)
+        while pending:
+            for name, url in list(pending.items()):
+                proc = self.procs.get(name)
+                if proc is not None and proc.poll() is not None:
+                    raise DeploymentError(f"{name} exited with code {proc.returncode}:\n"
+                                          f"{self.log_tail(name)}")
+                if _healthy(url):
+                    del pending[name]
+            if pending and time.monotonic() > deadline:
+                raise DeploymentError(f"not healthy after {self.start_timeout_s:.0f} s: "
+                                      f"{sorted(pending)}")
+            if pending:
+                time.sleep(0.1)
+
+    def log_tail(self, name: str, num_bytes: int = 3000) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_bytes()[-num_bytes:].decode(errors="replace") if path.exists() else ""
+
+    def alive(self) -> dict[str, bool]:
+        return {name: p.poll() is None for name, p in self.procs.items()}
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        # router first, so no new work reaches the workers while they stop
+        order = sorted(self.procs, key=lambda n: n != "router")
+        for name in order:
+            if self.procs[name].poll() is None:
+                self.procs[name].send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for name in order:
+            proc = self.procs[name]
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self.procs.clear()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

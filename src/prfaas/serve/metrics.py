@@ -1,0 +1,94 @@
+"""The router's Prometheus metrics, rendered in the text exposition format (no client library).
+
+Histograms: TTFT, TPOT, end-to-end latency and the router's own time per request. Counters:
+requests by route and outcome, KV bytes by link, retries, HTTP errors by status. Gauges: the
+policy's current threshold, in-flight requests per worker (queue depths).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Callable
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+FAST_BUCKETS_S = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+class Histogram:
+    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.help_text, self.buckets = name, help_text, buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def render(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
+        running = 0
+        for bound, n in zip(self.buckets, self.counts, strict=False):
+            running += n
+            out.append(f'{self.name}_bucket{{le="{bound}"}} {running}')
+        out.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
+        out += [f"{self.name}_sum {self.total}", f"{self.name}_count {self.count}"]
+        return out
+
+
+def _labels(labels: tuple[tuple[str, str], ...]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
+
+
+class Counter:
+    def __init__(self, name: str, help_text: str, kind: str = "counter") -> None:
+        self.name, self.help_text, self.kind = name, help_text, kind
+        self.values: dict[tuple[tuple[str, str], ...], float] = defaultdict(float)
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        self.values[tuple(sorted(labels.items()))] += amount
+
+    def set(self, value: float, **labels: str) -> None:
+        self.values[tuple(sorted(labels.items()))] = value
+
+    def get(self, **labels: str) -> float:
+        return self.values.get(tuple(sorted(labels.items())), 0.0)
+
+    def render(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} {self.kind}"]
+        out += [f"{self.name}{_labels(k)} {v}" for k, v in sorted(self.values.items())]
+        return out
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.ttft = Histogram("prfaas_ttft_seconds", "Time to first token.", LATENCY_BUCKETS_S)
+        self.tpot = Histogram("prfaas_tpot_seconds", "Time per output token after the first.",
+                              LATENCY_BUCKETS_S)
+        self.e2e = Histogram("prfaas_request_seconds", "End-to-end request latency.",
+                             LATENCY_BUCKETS_S)
+        self.router_time = Histogram("prfaas_router_overhead_seconds",
+                                     "Router CPU time per request (parse, tokenize, hash, "
+                                     "route, format), excluding waits on workers.",
+                                     FAST_BUCKETS_S)
+        self.requests = Counter("prfaas_requests_total", "Requests by route and outcome.")
+        self.kv_bytes = Counter("prfaas_kv_bytes_total", "KV bytes shipped, by link.")
+        self.cached_tokens = Counter("prfaas_cached_tokens_total",
+                                     "Prompt tokens served from a prefill node's prefix cache.")
+        self.retries = Counter("prfaas_retries_total", "Requests retried on the local path.")
+        self.errors = Counter("prfaas_http_errors_total", "Error replies by HTTP status.")
+        self.threshold = Counter("prfaas_threshold_tokens", "Length threshold t in force.",
+                                 "gauge")
+        self.inflight = Counter("prfaas_inflight_requests",
+                                "Requests in flight per worker (queue depth).", "gauge")
+
+    def render(self, refresh: Callable[[], None] | None = None) -> str:
+        if refresh is not None:
+            refresh()
+        parts: list[Histogram | Counter] = [self.ttft, self.tpot, self.e2e, self.router_time, self.requests, self.kv_bytes,
+                 self.cached_tokens, self.retries, self.errors, self.threshold, self.inflight]
+        return "\n".join(line for p in parts for line in p.render()) + "\n"

@@ -1,0 +1,179 @@
+"""OpenAI-compatible request parsing and response shapes for the router.
+
+`parse_completion` / `parse_chat` validate a body into a `GenRequest` or raise `ApiError`
+(HTTP 400 with an OpenAI-style error object: message, type, param, code). Chat messages are
+rendered with a fixed byte-level template (`<|role|>\\n content \\n ... <|assistant|>\\n`).
+Limits follow `Engine.generate`: prompt tokens <= context, prompt + max_tokens <= context + 1.
+Unsupported OpenAI options (n > 1, logprobs, stop, tools) are refused, not ignored.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prfaas.engine import ByteTokenizer
+
+DEFAULT_MAX_TOKENS = 16
+_UNSUPPORTED = ("logprobs", "top_logprobs", "stop", "tools", "functions", "best_of", "suffix",
+                "echo", "response_format", "logit_bias")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = (status, message, param,
+                                                                       kind, code)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass(frozen=True, slots=True)
+class GenRequest:
+    chat: bool
+    model: str
+    token_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    stream: bool
+    ignore_eos: bool
+
+
+def load_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"malformed JSON body: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    return body
+
+
+def chat_prompt(messages: object) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' is required: a non-empty list", param="messages",
+                       code="missing_messages")
+    parts = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{i}] needs a 'role' string", param="messages")
+        content = m.get("content", "")
+        if isinstance(content, list):  # OpenAI content parts: keep the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string", param="messages")
+        parts.append(f"<|{m['role']}|>\n{content}\n")
+    return "".join(parts) + "<|assistant|>\n"
+
+
+def _prompt_ids(body: dict[str, Any], tokenizer: ByteTokenizer) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        bad = [t for t in prompt if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise ApiError(400, f"prompt token ids {bad[:5]} outside [0, {tokenizer.vocab_size})",
+                           param="prompt")
+        return list(prompt)
+    if prompt is None:
+        raise ApiError(400, "'prompt' is required", param="prompt", code="missing_prompt")
+    raise ApiError(400, "'prompt' must be a string, a list of one string or a list of token ids",
+                   param="prompt")
+
+
+def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise ApiError(400, f"'{key}'={value!r} must be a number in [{lo}, {hi}]", param=key)
+    return float(value)
+
+
+def parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: int,
+          tokenizer: ByteTokenizer) -> GenRequest:
+    model = body.get("model")
+    if model != model_name:
+        raise ApiError(400, f"model {model!r} does not exist; this server serves {model_name!r}",
+                       param="model", code="model_not_found")
+    for key in _UNSUPPORTED:
+        if body.get(key) not in (None, False, [], ""):
+            raise ApiError(400, f"'{key}' is not supported by this server", param=key)
+    if body.get("n", 1) != 1:
+        raise ApiError(400, f"n={body.get('n')!r}: only n=1 is supported", param="n")
+    ids = tokenizer.encode(chat_prompt(body.get("messages"))) if chat else _prompt_ids(
+        body, tokenizer)
+    if len(ids) > context_tokens:
+        raise ApiError(400, f"the prompt is {len(ids)} tokens, longer than the context of "
+                            f"{context_tokens} tokens", param="prompt" if not chat else "messages",
+                       code="context_length_exceeded")
+    key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+    max_tokens = body.get(key, DEFAULT_MAX_TOKENS)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
+        raise ApiError(400, f"'{key}'={max_tokens!r} must be a positive integer", param=key)
+    if len(ids) + max_tokens > context_tokens + 1:
+        raise ApiError(400, f"'{key}'={max_tokens} plus the {len(ids)}-token prompt is beyond "
+                            f"the context of {context_tokens} tokens", param=key,
+                       code="context_length_exceeded")
+    seed = body.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ApiError(400, f"'seed'={seed!r} must be a non-negative integer", param="seed")
+    return GenRequest(chat, model, ids, max_tokens, _number(body, "temperature", 1.0, 0.0, 2.0),
+                      _number(body, "top_p", 1.0, 1e-9, 1.0), seed, bool(body.get("stream")),
+                      bool(body.get("ignore_eos", False)))
+
+
+class TextStream:
+    """Token ids -> text deltas; incremental UTF-8 so a multi-byte character is emitted whole."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token: int) -> str:
+        return self._decoder.decode(bytes([token])) if token < 256 else ""
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+def _envelope(req: GenRequest, rid: str, chunk: bool) -> dict[str, Any]:
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if req.chat else (
+        "text_completion")
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": req.model}
+
+
+def chunk_body(req: GenRequest, rid: str, text: str, finish: str | None,
+               first: bool = False) -> dict[str, Any]:
+    out = _envelope(req, rid, chunk=True)
+    if req.chat:
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if text:
+            delta["content"] = text
+        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+    else:
+        out["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
+    return out
+
+
+def full_body(req: GenRequest, rid: str, text: str, finish: str,
+              usage: dict[str, int]) -> dict[str, Any]:
+    out = _envelope(req, rid, chunk=False)
+    if req.chat:
+        out["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text},
+                           "finish_reason": finish, "logprobs": None}]
+    else:
+        out["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
+    out["usage"] = usage
+    return out

@@ -1,0 +1,202 @@
+"""Prefill worker (role `prfaas` or `pd-p`): an aiohttp service around one Engine.
+
+A `POST /prefill` waits for the engine (one prefill at a time, like one GPU), looks up its own
+prefix cache, runs `Engine.prefill` in a thread (torch releases the GIL) and streams each
+layer's KV to the decode worker's KVReceiver as soon as the layer is done (the hook hands the
+layer to the event loop thread-safely; the loop sends while the thread computes the next
+layer). Computed = tokens this node does not hold; shipped = tokens the decode node does not
+hold (`ship_from_tokens`). One KVSender per destination is kept open and reused; a failed one
+is dropped and the request answered 502, so the router can retry on the local path. The link
+(shaped for `prfaas`, intra-cluster for `pd-p`) comes from the topology.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from prfaas.core.errors import ConfigError, TransportError
+from prfaas.engine import Engine, LayerKV, SequenceKV
+from prfaas.serve.kvship import META_LAYER, layer_arrays, reframe, snapshot_arrays
+from prfaas.serve.prefix_store import PrefixStore
+from prfaas.serve.protocol import ProtocolError, error_reply, get_int, get_tokens, read_body
+from prfaas.serve.topology import Topology, WorkerSpec
+from prfaas.transport import KVSender, LinkMonitor, SenderConfig
+
+_EWMA = 0.3
+
+
+class PrefillWorker:
+    def __init__(self, topology: Topology, spec: WorkerSpec, engine: Engine) -> None:
+        self.topology, self.spec, self.engine = topology, spec, engine
+        self.block_size_tokens = engine.config.block_size_tokens
+        self.store = PrefixStore(self.block_size_tokens, topology.cache_capacity_bytes)
+        self.link = topology.link_of(spec)
+        self.monitor = LinkMonitor()
+        self._senders: dict[tuple[str, int], KVSender] = {}
+        self._connecting = asyncio.Lock()
+        self._engine_lock = asyncio.Lock()
+        self.queued = 0
+        self.running = 0
+        self.served = 0
+        self.failed_transfers = 0
+        self.seconds_per_token = 0.0  # EWMA of measured prefill time per computed token
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.add_routes([web.get("/health", self.health), web.get("/status", self.status),
+                        web.post("/prefill", self.prefill)])
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "name": self.spec.name, "role": self.spec.role})
+
+    async def status(self, _: web.Request) -> web.Response:
+        sample = self.monitor.sample()
+        return web.json_response({
+            "name": self.spec.name, "role": self.spec.role, "cluster": self.spec.cluster,
+            "queued": self.queued, "running": self.running, "served": self.served,
+            "failed_transfers": self.failed_transfers,
+            "seconds_per_token": self.seconds_per_token,
+            "cache": {"entries": self.store.num_entries, "used_bytes": self.store.used_bytes,
+                      "hits": self.store.hits, "misses": self.store.misses},
+            "link": {"rate_gbps": self.link.rate_gbps, "connections": self.link.connections,
+                     "egress_bytes_per_s": sample.egress_bytes_per_s,
+                     "pending_bytes": sample.pending_bytes, "retransmits": sample.retransmits,
+                     "sent_bytes": sample.total_sent_bytes},
+        })
+
+    async def prefill(self, request: web.Request) -> web.Response:
+        try:
+            body = await read_body(request)
+            rid = get_int(body, "request_id")
+            token_ids = get_tokens(body)
+            ship_from = get_int(body, "ship_from_tokens", default=0)
+            dest = body.get("dest")
+            if not isinstance(dest, dict) or not isinstance(dest.get("host"), str):
+                raise ProtocolError("dest", dest, "must be {host, port}")
+            port = get_int(dest, "port", minimum=1)
+            if ship_from % self.block_size_tokens or ship_from >= len(token_ids):
+                raise ProtocolError("ship_from_tokens", ship_from,
+                                    f"must be a multiple of {self.block_size_tokens} below "
+                                    f"the prompt length {len(token_ids)}")
+        except ProtocolError as exc:
+            return error_reply(400, "bad_request", str(exc))
+        try:
+            reply = await self._run(rid, token_ids, ship_from, (dest["host"], port))
+        except ConfigError as exc:
+            return error_reply(400, "bad_request", str(exc))
+        except TransportError as exc:
+            self.failed_transfers += 1
+            await self._drop_sender((dest["host"], port))
+            return error_reply(502, "transfer_failed", f"{type(exc).__name__}: {exc}")
+        return web.json_response(reply)
+
+    async def _run(self, rid: int, token_ids: list[int], ship_from: int,
+                   dest: tuple[str, int]) -> dict[str, Any]:
+        t_arrive = time.perf_counter()
+        sender = await self._sender(dest)
+        self.queued += 1
+        async with self._engine_lock:
+            self.queued -= 1
+            self.running = 1
+            t_start = time.perf_counter()
+            try:
+                prefix = self.store.lookup(token_ids, len(token_ids) - 1)
+                result, pump = await self._compute(rid, token_ids, ship_from, prefix, sender)
+            finally:
+                self.running = 0
+        t_computed = time.perf_counter()
+        kv_bytes = await pump  # the tail of the layer stream, outside the engine lock
+        kv_bytes += await self._send_meta(sender, rid, result.kv, result.logits, ship_from,
+                                          len(token_ids))
+        await sender.finish(rid, self.topology.timeouts.kv_s)
+        t_done = time.perf_counter()
+        delta = self.store.insert(result.kv, token_ids)
+        computed = result.num_computed_tokens
+        per_token = (t_computed - t_start) / max(computed, 1)
+        self.seconds_per_token = (per_token if not self.served else
+                                  (1 - _EWMA) * self.seconds_per_token + _EWMA * per_token)
+        self.served += 1
+        return {"first_token": result.first_token, "cached_tokens": len(token_ids) - computed,
+                "computed_tokens": computed, "shipped_tokens": len(token_ids) - ship_from,
+                "kv_bytes": kv_bytes, "queue_s": t_start - t_arrive,
+                "prefill_s": t_computed - t_start, "transfer_tail_s": t_done - t_computed,
+                "cache": delta.to_json()}
+
+    async def _compute(self, rid: int, token_ids: list[int], ship_from: int,
+                       prefix: SequenceKV | None, sender: KVSender
+                       ) -> tuple[Any, asyncio.Task[int]]:
+        loop = asyncio.get_running_loop()
+        layers: asyncio.Queue[LayerKV | None] = asyncio.Queue()
+
+        def hook(layer: LayerKV) -> None:  # prefill thread
+            shipped = reframe(layer, ship_from, prefix)
+            loop.call_soon_threadsafe(layers.put_nowait, shipped)
+
+        pump = asyncio.create_task(self._pump(sender, rid, layers))
+        try:
+            result = await asyncio.to_thread(self.engine.prefill, token_ids, prefix, hook)
+        except BaseException:
+            layers.put_nowait(None)
+            with contextlib.suppress(TransportError):
+                await pump
+            raise
+        layers.put_nowait(None)  # after every hook callback: call_soon_threadsafe is FIFO
+        return result, pump
+
+    async def _pump(self, sender: KVSender, rid: int,
+                    layers: asyncio.Queue[LayerKV | None]) -> int:
+        sent = 0
+        while (layer := await layers.get()) is not None:
+            for name, array in layer_arrays(layer):
+                await sender.send_array(rid, layer.layer_index, layer.kind, name, array)
+                sent += array.nbytes
+        return sent
+
+    async def _send_meta(self, sender: KVSender, rid: int, kv: SequenceKV, logits: Any,
+                         ship_from: int, num_tokens: int) -> int:
+        """Logits for the first token, and the linear states at the prompt's last full block
+        boundary when the decode node can keep that prefix (see kvship)."""
+        boundary = num_tokens // self.block_size_tokens * self.block_size_tokens
+        sent = 0
+        snap_at = boundary if ship_from < boundary < num_tokens else 0
+        if snap_at:
+            for layer, name, array in snapshot_arrays(kv, snap_at):
+                await sender.send_array(rid, layer, "linear", name, array)
+                sent += array.nbytes
+        meta = [("logits", logits.detach().float().contiguous().numpy()),
+                ("snap_at", np.array([snap_at], dtype=np.int64))]
+        for name, array in meta:
+            await sender.send_array(rid, META_LAYER, "none", name, array)
+            sent += array.nbytes
+        return sent
+
+    async def _sender(self, dest: tuple[str, int]) -> KVSender:
+        async with self._connecting:
+            sender = self._senders.get(dest)
+            if sender is None:
+                t = self.topology.timeouts
+                config = SenderConfig(num_connections=self.link.connections,
+                                      rate_gbps=self.link.rate_gbps,
+                                      connect_timeout_s=t.connect_s, io_timeout_s=t.kv_s,
+                                      finish_timeout_s=t.kv_s)
+                sender = KVSender(dest[0], dest[1], config, self.monitor)
+                await sender.connect()
+                self._senders[dest] = sender
+            return sender
+
+    async def _drop_sender(self, dest: tuple[str, int]) -> None:
+        sender = self._senders.pop(dest, None)
+        if sender is not None:
+            await sender.close()
+
+    async def _close(self, _: web.Application) -> None:
+        for dest in list(self._senders):
+            await self._drop_sender(dest)

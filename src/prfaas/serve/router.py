@@ -1,0 +1,197 @@
+"""The router: an OpenAI-compatible aiohttp service in front of the workers.
+
+Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (SSE when `stream`),
+`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text). It tokenizes with the
+engine's byte tokenizer, routes with a `policy/` Router and the `cache/` GlobalKVCacheManager
+(kept current by the cache deltas workers return), and drives the workers (dispatch.py). Every
+response carries a `prfaas` object (in the last chunk when streaming). Bad input -> 400 with an
+OpenAI-style error object; a policy rejection -> 429; a failed request -> 502, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from prfaas.cache import GlobalKVCacheManager
+from prfaas.engine import ByteTokenizer, EngineConfig
+from prfaas.models.kv import geometry
+from prfaas.policy.base import Router, make_router
+from prfaas.serve.cluster import LiveCluster
+from prfaas.serve.dispatch import Dispatcher, Outcome
+from prfaas.serve.metrics import RouterMetrics
+from prfaas.serve.openai_api import (
+    ApiError,
+    GenRequest,
+    TextStream,
+    chunk_body,
+    full_body,
+    load_json,
+    parse,
+)
+from prfaas.serve.topology import Topology
+
+
+def build_policy(topology: Topology) -> Router:
+    return make_router(topology.policy, **topology.policy_args)
+
+
+class RouterService:
+    def __init__(self, topology: Topology, config: EngineConfig,
+                 policy: Router | None = None) -> None:
+        self.topology, self.config = topology, config
+        self.tokenizer = ByteTokenizer()
+        self.policy = policy or build_policy(topology)
+        self.manager = GlobalKVCacheManager(config.block_size_tokens)
+        for w in topology.workers:
+            self.manager.add_instance(w.name, w.cluster)
+        self.cluster = LiveCluster(topology, geometry(config.to_spec()))
+        self.metrics = RouterMetrics()
+        self._session: aiohttp.ClientSession | None = None
+        self._dispatcher: Dispatcher | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.add_routes([
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat),
+            web.get("/v1/models", self.models), web.get("/health", self.health),
+            web.get("/metrics", self.prometheus),
+        ])
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _: web.Application) -> None:
+        # no pool limit: a long-running stream must not starve other requests of connections
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self._dispatcher = Dispatcher(self.topology, self.cluster, self.manager, self.policy,
+                                      self._session, self.config.block_size_tokens)
+
+    async def _stop(self, _: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "workers": [w.name for w in self.topology.workers],
+                                  "policy": self.policy.name})
+
+    async def models(self, _: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.config.name, "object": "model", "created": 0, "owned_by": "prfaas",
+             "max_model_len": self.config.max_context_tokens}]})
+
+    async def prometheus(self, _: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render(self._refresh_gauges),
+                            content_type="text/plain", charset="utf-8")
+
+    def _refresh_gauges(self) -> None:
+        t = self.policy.threshold_tokens()
+        self.metrics.threshold.set(float(t) if t is not None else -1.0)
+        for name, load in self.cluster.loads.items():
+            self.metrics.inflight.set(load.inflight, worker=name)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        out = Outcome()
+        try:
+            body = load_json(await request.read())
+            req = parse(body, chat, self.config.name, self.config.max_context_tokens,
+                        self.tokenizer)
+            rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+            assert self._dispatcher is not None
+            query, decision = self._dispatcher.route(req, rid)
+        except ApiError as exc:
+            self.metrics.errors.inc(status=str(exc.status))
+            return web.json_response(exc.body(), status=exc.status)
+        out.router_s += time.perf_counter() - t0
+        if req.stream:
+            return await self._stream(request, req, rid, query, decision, out, t0)
+        return await self._whole(req, rid, query, decision, out, t0)
+
+    async def _whole(self, req: GenRequest, rid: str, query: Any, decision: Any, out: Outcome,
+                     t0: float) -> web.Response:
+        assert self._dispatcher is not None
+        text, first_s = TextStream(), None
+        parts: list[str] = []
+        try:
+            async for token in self._dispatcher.tokens(req, query, decision, out):
+                mark = time.perf_counter()
+                first_s = first_s if first_s is not None else mark - t0
+                parts.append(text.feed(token))
+                out.router_s += time.perf_counter() - mark
+        except ApiError as exc:
+            self._count(out, "error", t0, first_s)
+            return web.json_response({**exc.body(), "prfaas": out.to_json()}, status=exc.status)
+        parts.append(text.flush())
+        self._count(out, "ok", t0, first_s)
+        reply = full_body(req, rid, "".join(parts), out.finish_reason, self._usage(req, out))
+        reply["prfaas"] = {**out.to_json(), "ttft_s": first_s,
+                           "e2e_s": time.perf_counter() - t0}
+        return web.json_response(reply)
+
+    async def _stream(self, request: web.Request, req: GenRequest, rid: str, query: Any,
+                      decision: Any, out: Outcome, t0: float) -> web.StreamResponse:
+        assert self._dispatcher is not None
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        text, first_s = TextStream(), None
+        try:
+            async for token in self._dispatcher.tokens(req, query, decision, out):
+                mark = time.perf_counter()
+                delta = text.feed(token)
+                chunk = _sse(chunk_body(req, rid, delta, None, first=first_s is None))
+                first_s = first_s if first_s is not None else mark - t0
+                out.router_s += time.perf_counter() - mark
+                await resp.write(chunk)
+        except ApiError as exc:
+            self._count(out, "error", t0, first_s)
+            await resp.write(_sse({**exc.body(), "prfaas": out.to_json()}))
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        last = chunk_body(req, rid, text.flush(), out.finish_reason, first=first_s is None)
+        self._count(out, "ok", t0, first_s)
+        last["usage"] = self._usage(req, out)
+        last["prfaas"] = {**out.to_json(), "ttft_s": first_s, "e2e_s": time.perf_counter() - t0}
+        await resp.write(_sse(last))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    def _usage(self, req: GenRequest, out: Outcome) -> dict[str, int]:
+        n_in, n_out = len(req.token_ids), len(out.token_ids)
+        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+
+    def _count(self, out: Outcome, outcome: str, t0: float, first_s: float | None) -> None:
+        m = self.metrics
+        e2e_s = time.perf_counter() - t0
+        m.requests.inc(route=out.route or "none", outcome=outcome)
+        m.e2e.observe(e2e_s)
+        m.router_time.observe(out.router_s)
+        if out.retried:
+            m.retries.inc()
+        if outcome != "ok":
+            m.errors.inc(status="502")
+            return
+        link = "inter_dc" if out.route == "prfaas" else "intra"
+        m.kv_bytes.inc(out.kv_bytes, link=link)
+        m.cached_tokens.inc(out.cached_tokens)
+        if first_s is not None:
+            m.ttft.observe(first_s)
+            if len(out.token_ids) > 1:
+                m.tpot.observe((e2e_s - first_s) / (len(out.token_ids) - 1))
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()

@@ -1,0 +1,230 @@
+"""A serving topology: the router, every worker (an address: host:port), the links, the model.
+
+Loaded from YAML (the embedded default is `topologies/local.yaml`), validated at construction
+(unknown keys and bad values raise ConfigError naming the field), never mutated; `with_ports`
+returns a copy where every port 0 is replaced by a free port of this host (tests, `--port`).
+Roles: `prfaas` (prefill in the PrfaaS cluster; its KV crosses the shaped inter-DC `link`),
+`pd-p` (local prefill; KV over the unshaped or faster `intra_link`), `pd-d` (local decode, with
+a KV receiver on `kv_port`).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from prfaas.core.errors import ConfigError
+
+WorkerRole = Literal["prfaas", "pd-p", "pd-d"]
+ROLES: tuple[str, ...] = ("prfaas", "pd-p", "pd-d")
+DEFAULT_TOPOLOGY = "local.yaml"
+
+
+def _keys(raw: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ConfigError(where, unknown[0], f"unknown key; allowed: {', '.join(sorted(allowed))}")
+
+
+def _mapping(raw: object, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(where, raw, "must be a mapping")
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    rate_gbps: float | None = None  # None: unshaped loopback
+    connections: int = 4
+
+    def __post_init__(self) -> None:
+        if self.rate_gbps is not None and not self.rate_gbps > 0:
+            raise ConfigError("link.rate_gbps", self.rate_gbps, "must be > 0 or null")
+        if self.connections < 1:
+            raise ConfigError("link.connections", self.connections, "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    name: str
+    role: WorkerRole
+    host: str = "127.0.0.1"
+    port: int = 0
+    kv_port: int = 0  # pd-d only: where its KVReceiver listens
+    max_batch: int = 16  # pd-d only: continuous-batching slots
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ConfigError(f"workers.{self.name}.role", self.role,
+                              f"unknown; known: {', '.join(ROLES)}")
+        for key in ("port", "kv_port"):
+            if not 0 <= getattr(self, key) < 65536:
+                raise ConfigError(f"workers.{self.name}.{key}", getattr(self, key),
+                                  "must be in [0, 65535]")
+        if self.max_batch < 1:
+            raise ConfigError(f"workers.{self.name}.max_batch", self.max_batch, "must be >= 1")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def cluster(self) -> str:
+        return "prfaas" if self.role == "prfaas" else "pd"
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.role != "pd-d"
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float = 5.0  # opening an HTTP or KV connection
+    prefill_s: float = 120.0  # one prefill request, queueing included
+    kv_s: float = 120.0  # the decode worker waiting for a request's KV
+    token_s: float = 60.0  # the router waiting for the next token of a running request
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    name: str
+    workers: tuple[WorkerSpec, ...]
+    model: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields (+ `preset`)
+    policy: str = "prfaas-threshold"
+    policy_args: dict[str, Any] = field(default_factory=lambda: {"threshold_tokens": 1024})
+    router_host: str = "127.0.0.1"
+    router_port: int = 8000
+    link: LinkSpec = field(default_factory=lambda: LinkSpec(0.05, 4))
+    intra_link: LinkSpec = field(default_factory=lambda: LinkSpec(None, 2))
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    cache_capacity_bytes: int = 512 * 2**20  # per worker prefix cache
+    max_retries: int = 1  # local-path retries after a failed transfer
+
+    def __post_init__(self) -> None:
+        names = [w.name for w in self.workers]
+        if len(set(names)) != len(names):
+            raise ConfigError("workers", names, "worker names must be unique")
+        if not self.by_role("pd-d"):
+            raise ConfigError("workers", names, "need at least one pd-d (decode) worker")
+        if not self.by_role("pd-p") and not self.by_role("prfaas"):
+            raise ConfigError("workers", names, "need at least one prefill worker")
+
+    def by_role(self, role: str) -> tuple[WorkerSpec, ...]:
+        return tuple(w for w in self.workers if w.role == role)
+
+    def worker(self, name: str) -> WorkerSpec:
+        for w in self.workers:
+            if w.name == name:
+                return w
+        known = [w.name for w in self.workers]
+        raise ConfigError("worker", name, f"not in topology; known: {known}")
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.router_host}:{self.router_port}"
+
+    def link_of(self, worker: WorkerSpec) -> LinkSpec:
+        return self.link if worker.role == "prfaas" else self.intra_link
+
+    def with_ports(self) -> Topology:
+        """A copy with every port 0 replaced by a currently free port."""
+        workers = tuple(replace(w, port=w.port or free_port(w.host),
+                                kv_port=(w.kv_port or free_port(w.host)) if w.role == "pd-d" else 0)
+                        for w in self.workers)
+        return replace(self, workers=workers,
+                       router_port=self.router_port or free_port(self.router_host))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "model": dict(self.model),
+            "policy": {"name": self.policy, **self.policy_args},
+            "router": {"host": self.router_host, "port": self.router_port},
+            "link": {"rate_gbps": self.link.rate_gbps, "connections": self.link.connections},
+            "intra_link": {"rate_gbps": self.intra_link.rate_gbps,
+                           "connections": self.intra_link.connections},
+            "timeouts": {k: getattr(self.timeouts, k) for k in Timeouts.__dataclass_fields__},
+            "cache": {"capacity_mb": self.cache_capacity_bytes / 2**20},
+            "max_retries": self.max_retries,
+            "workers": [{"name": w.name, "role": w.role, "host": w.host, "port": w.port,
+                         "kv_port": w.kv_port, "max_batch": w.max_batch} for w in self.workers],
+        }
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _link(raw: object, where: str, default: LinkSpec) -> LinkSpec:
+    m = _mapping(raw, where)
+    _keys(m, {"rate_gbps", "connections"}, where)
+    rate = m.get("rate_gbps", default.rate_gbps)
+    return LinkSpec(None if rate is None else float(rate),
+                    int(m.get("connections", default.connections)))
+
+
+def _worker(raw: object, index: int) -> WorkerSpec:
+    m = _mapping(raw, f"workers[{index}]")
+    _keys(m, {"name", "role", "host", "port", "kv_port", "max_batch"}, f"workers[{index}]")
+    if "name" not in m or "role" not in m:
+        raise ConfigError(f"workers[{index}]", m, "needs a name and a role")
+    return WorkerSpec(str(m["name"]), m["role"], str(m.get("host", "127.0.0.1")),
+                      int(m.get("port", 0)), int(m.get("kv_port", 0)), int(m.get("max_batch", 16)))
+
+
+def parse_topology(raw: object, where: str = "topology") -> Topology:
+    m = _mapping(raw, where)
+    _keys(m, {"name", "model", "policy", "router", "link", "intra_link", "timeouts", "cache",
+              "max_retries", "workers"}, where)
+    policy = dict(_mapping(m.get("policy"), "policy")) or {"name": "prfaas-threshold",
+                                                          "threshold_tokens": 1024}
+    router = _mapping(m.get("router"), "router")
+    _keys(router, {"host", "port"}, "router")
+    timeouts = _mapping(m.get("timeouts"), "timeouts")
+    _keys(timeouts, set(Timeouts.__dataclass_fields__), "timeouts")
+    cache = _mapping(m.get("cache"), "cache")
+    _keys(cache, {"capacity_mb"}, "cache")
+    workers = m.get("workers")
+    if not isinstance(workers, list) or not workers:
+        raise ConfigError("workers", workers, "must be a non-empty list")
+    return Topology(
+        name=str(m.get("name", "topology")),
+        workers=tuple(_worker(w, i) for i, w in enumerate(workers)),
+        model=dict(_mapping(m.get("model"), "model")),
+        policy=str(policy.pop("name", "prfaas-threshold")), policy_args=policy,
+        router_host=str(router.get("host", "127.0.0.1")), router_port=int(router.get("port", 8000)),
+        link=_link(m.get("link"), "link", LinkSpec(0.05, 4)),
+        intra_link=_link(m.get("intra_link"), "intra_link", LinkSpec(None, 2)),
+        timeouts=Timeouts(**{k: float(v) for k, v in timeouts.items()}),
+        cache_capacity_bytes=int(float(cache.get("capacity_mb", 512)) * 2**20),
+        max_retries=int(m.get("max_retries", 1)),
+    )
+
+
+def load_topology(path: str | Path | None = None) -> Topology:
+    """Read a topology file; None = the embedded `local.yaml`."""
+    if path is None:
+        text = resources.files("prfaas.data").joinpath("topologies", DEFAULT_TOPOLOGY).read_text()
+        where = DEFAULT_TOPOLOGY
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("topology", str(path), "no such file")
+        text, where = p.read_text(), str(p)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("topology", where, f"invalid YAML: {exc}") from exc
+    return parse_topology(raw, where)
