@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ def test_tokenizer_round_trip() -> None:
     ({"num_kv_heads": 3}, "num_kv_heads"), ({"max_context_tokens": 1000}, "max_context_tokens"),
     ({"vocab_size": 100}, "vocab_size"),
 ])
-def test_config_rejects_bad_values(overrides: dict[str, object], field: str) -> None:
+def test_config_rejects_bad_values(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         EngineConfig(**overrides)
 

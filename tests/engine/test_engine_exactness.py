@@ -14,6 +14,7 @@ from prfaas.engine import (
     layer_kv_from_arrays,
     layer_kv_to_arrays,
 )
+from prfaas.engine.plain import PlainDecoder
 
 
 def _kv_equal(a: list[LayerKV], b: list[LayerKV]) -> bool:
@@ -91,3 +92,21 @@ def test_remote_prefill_from_cached_prefix_reproduces_generate(name: str) -> Non
     while len(out) < 12:
         out.append(eng.decode_step([other, seq])[1])
     assert out == reference
+
+
+@pytest.mark.parametrize("name", ["kimi", "mimo", "mixed"])
+def test_plain_decoder_matches_engine_decode(name: str) -> None:
+    """The benchmark's no-bookkeeping baseline computes the same model (close, not bitwise)."""
+    eng = engine(name)
+    base = eng.prefill(prompt(130, seed=6))
+    seqs = [DecodeSeq(base.kv.snapshot_at(130), base.first_token) for _ in range(3)]
+    plain = PlainDecoder(eng.model, [s.kv for s in seqs], 4)
+    for _ in range(3):
+        expected = plain.step(torch.tensor([s.last_token for s in seqs]))
+        with torch.inference_mode():
+            ids = torch.tensor([s.last_token for s in seqs])
+            got = eng.model.decode(ids, [[s.kv.stores[i] for s in seqs]
+                                         for i in range(eng.config.num_layers)])
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+        for s, row in zip(seqs, got, strict=True):
+            s.last_token = int(row.argmax())
