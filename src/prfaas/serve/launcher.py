@@ -4,7 +4,8 @@
 beside the logs, spawns every worker then the router (`python -m prfaas.serve.proc`), and waits
 until each answers `GET /health` (a process that exits early fails the start, with the tail of
 its log). `stop()` sends SIGTERM, waits, then SIGKILLs what is left; it is also the context
-manager's exit. Workers whose host is not this one are expected to be running already.
+manager's exit. Workers whose host is not this one, and those named `external`, are expected
+to be run by someone else.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ class DeploymentError(PrfaasError):
 
 class Deployment:
     def __init__(self, topology: Topology, log_dir: str | Path | None = None,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, external: frozenset[str] = frozenset()
+                 ) -> None:
         self.topology = topology.with_ports()
+        self.external = external  # workers someone else runs (another host, a test double)
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-serve-"))
         self.start_timeout_s = start_timeout_s
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -54,9 +57,10 @@ class Deployment:
         self.topology.dump(path)
         try:
             for w in self.topology.workers:
-                if w.host in LOCAL_HOSTS:
+                if w.host in LOCAL_HOSTS and w.name not in self.external:
                     self._spawn(w.name, path)
-            self._wait_all([(w.name, w.url) for w in self.topology.workers])
+            self._wait_all([(w.name, w.url) for w in self.topology.workers
+                            if w.name not in self.external])
             self._spawn("router", path)
             self._wait_all([("router", self.topology.router_url)])
         except BaseException:

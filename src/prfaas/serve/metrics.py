@@ -89,6 +89,7 @@ class RouterMetrics:
     def render(self, refresh: Callable[[], None] | None = None) -> str:
         if refresh is not None:
             refresh()
-        parts: list[Histogram | Counter] = [self.ttft, self.tpot, self.e2e, self.router_time, self.requests, self.kv_bytes,
-                 self.cached_tokens, self.retries, self.errors, self.threshold, self.inflight]
+        parts: list[Histogram | Counter] = [
+            self.ttft, self.tpot, self.e2e, self.router_time, self.requests, self.kv_bytes,
+            self.cached_tokens, self.retries, self.errors, self.threshold, self.inflight]
         return "\n".join(line for p in parts for line in p.render()) + "\n"

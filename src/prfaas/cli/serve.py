@@ -1,0 +1,64 @@
+"""`prfaas serve`: start a topology's router and workers on this host; Ctrl-C / SIGTERM stops all."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import replace
+from types import FrameType
+
+import click
+
+from prfaas.serve.launcher import Deployment
+from prfaas.serve.topology import load_topology
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, _: FrameType | None) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+@click.command("serve")
+@click.option("--topology", "topology_path", default=None, metavar="PATH",
+              help="Topology YAML (default: the embedded topologies/local.yaml).")
+@click.option("--port", type=int, default=None, help="Router port (overrides the topology; 0 = "
+              "any free port).")
+@click.option("--policy", default=None, help="Routing policy name (policy/ registry).")
+@click.option("--threshold", "threshold_tokens", type=int, default=None,
+              help="Length threshold t in tokens (overrides the topology).")
+@click.option("--log-dir", default=None, help="Where component logs go (default: a temp dir).")
+def command(topology_path: str | None, port: int | None, policy: str | None,
+            threshold_tokens: int | None, log_dir: str | None) -> None:
+    """Start the router and every worker of the topology as processes on this host."""
+    topo = load_topology(topology_path)
+    if port is not None:
+        topo = replace(topo, router_port=port)
+    if policy is not None:
+        topo = replace(topo, policy=policy)
+    if threshold_tokens is not None:
+        topo = replace(topo, policy_args={**topo.policy_args,
+                                          "threshold_tokens": threshold_tokens})
+    deployment = Deployment(topo, log_dir)
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        click.echo(f"starting {len(topo.workers)} workers + router of '{topo.name}' "
+                   f"(logs in {deployment.log_dir})")
+        deployment.start()
+        for w in deployment.topology.workers:
+            click.echo(f"  {w.name:<12} {w.role:<7} {w.url}")
+        click.echo(f"router: {deployment.url}  (policy {topo.policy} {topo.policy_args}); "
+                   "Ctrl-C stops everything")
+        while True:
+            dead = [name for name, ok in deployment.alive().items() if not ok]
+            if dead:
+                click.echo(f"component exited: {dead}\n{deployment.log_tail(dead[0])}", err=True)
+                raise SystemExit(1)
+            time.sleep(0.5)
+    except (KeyboardInterrupt, _Stop):
+        click.echo("stopping")
+    finally:
+        deployment.stop()
+        signal.signal(signal.SIGTERM, previous)

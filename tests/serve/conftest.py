@@ -1,0 +1,15 @@
+"""Fixtures shared by the serving tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Any]:
+    from prfaas.engine import Engine, EngineConfig
+
+    yield Engine(EngineConfig.tiny(threads=1))
