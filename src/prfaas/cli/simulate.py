@@ -70,11 +70,24 @@ def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write result.json, timing.json and requests.csv here.")
+@click.option("--policy", default=None, help="Routing policy (default: the system's own).")
+@click.option("--cache-scope", type=click.Choice(["global", "cluster", "instance"]),
+              default=None, help="Prefix caches (trace hash_ids): one pool, per cluster, per "
+              "instance.")
+@click.option("--cache-capacity", default=None, help="Bytes per pool (80G...) or unlimited.")
+@click.option("--snapshot-policy", default="every_block", show_default=True,
+              help="State snapshots: every_block, every_k or request_end.")
+@click.option("--link-schedule", type=str, default=None,
+              help="YAML/JSON list of [start_s, gbps]: the link's capacity over time.")
+@click.option("--ttft-slo", type=float, default=None,
+              help="Reject requests whose predicted TTFT exceeds this (seconds).")
 def command(scenario_name: str, system: str, threshold: int | None, n_p: int | None,
             n_d: int | None, link_gbps: float | None, no_pipeline: bool, prefill_order: str,
             arrivals: str, seed: int, rate: float | None, duration: float | None,
-            requests: int | None, trace: str | None, as_json: bool, out_dir: str | None
-            ) -> None:
+            requests: int | None, trace: str | None, as_json: bool, out_dir: str | None,
+            policy: str | None = None, cache_scope: str | None = None,
+            cache_capacity: str | None = None, snapshot_policy: str = "every_block",
+            link_schedule: str | None = None, ttft_slo: float | None = None) -> None:
     """Simulate SYSTEM under a synthetic or trace workload; report TTFT, TPOT, egress."""
     scenario, cfg = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
                                 no_pipeline, prefill_order)
@@ -85,7 +98,18 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
     workload = build_workload(scenario.lengths, scenario.output_tokens, rate_rps=rate,
                               duration_s=duration, requests=requests,
                               arrivals=arrivals, trace=trace, seed=seed)
-    sim, summary = simulate(cfg, workload)
+    sim: Any
+    if policy or cache_scope or cache_capacity or link_schedule or ttft_slo is not None:
+        from prfaas.sim.policy_run import run_from_flags
+
+        sim, summary = run_from_flags(
+            scenario, system, workload, policy=policy, cache_scope=cache_scope,
+            cache_capacity=cache_capacity, link_schedule=link_schedule,
+            snapshot_policy=snapshot_policy, ttft_slo_s=ttft_slo, threshold=threshold,
+            n_p=n_p, n_d=n_d, link_gbps=link_gbps, no_pipeline=no_pipeline,
+            prefill_order=prefill_order)
+    else:
+        sim, summary = simulate(cfg, workload)
     summary["arrivals"] = arrivals if trace is None else "trace"
     summary["seed"] = seed
     if out_dir:

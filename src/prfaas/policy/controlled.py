@@ -47,8 +47,8 @@ class ControlledRouter(Router):
         self._tunable.set_threshold_tokens(t)
         decision = self.inner.route(query, view)
         best = max(query.cached_tokens.values(), default=0)
-        self.controller.observe(query.request.input_tokens - min(best,
-                                                                 query.request.input_tokens))
+        uncached = query.request.input_tokens - min(best, query.request.input_tokens)
+        self.controller.observe(uncached, view.now_s)
         return decision
 
 

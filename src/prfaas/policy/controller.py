@@ -6,13 +6,17 @@ Inputs, all read through the `ClusterView` at `view.now_s` (no clock of its own)
 - the bandwidth estimate `LinkStatus.capacity_gbps`, of which the planner may use
   `link_headroom` (default 0.9) so planned egress stays below capacity;
 - egress utilisation (egress / capacity) and the PrfaaS queue (mean queued work per instance):
-  when either crosses its limit the next solve runs at once instead of waiting for the period.
+  when either crosses its limit the next solve runs at once instead of waiting for the period;
+- the arrival rate of the window (its request count over its time span).
 
 Solve: the planner's throughput model (`planner.throughput.stage_curves` + `bounds`, Eqs 3, 4,
 6, 7) over the empirical window with the live bandwidth and the *current* instance counts
 (PrfaaS and PD-P prefill instances seen in the view): t maximising
 min(Θprfaas / p, Θpd-p / (1 - p)) - the Eq. 7 balance point. (`search_prfaas_pd` also moves
-N_p, which is the rebalancer's job; fixing the split keeps the two timescales apart.)
+N_p, which is the rebalancer's job; fixing the split keeps the two timescales apart.) The
+balance point maximises capacity, but a link cut below what the *offered* load sends needs more:
+t is then raised to the smallest t whose egress at the window's arrival rate,
+rate x P(L > t) x E[S_kv(L) | L > t], fits the usable bandwidth (`link_fit_threshold`).
 
 Hysteresis: a solved t is adopted only if it differs from the current one by more than
 `min_rel_change`. Moving t *up* (fewer offloads, less egress: the link-protecting direction)
@@ -47,6 +51,7 @@ class ControllerConfig:
     min_rel_change: float = 0.05
     agree_solves: int = 2
     mode: str = "exact"
+    fit_offered_load: bool = False
 
     def __post_init__(self) -> None:
         for name in ("period_s", "queue_limit_s"):
@@ -83,6 +88,17 @@ def solve_threshold(inputs: PlanInputs, n_prfaas: int, n_p: int, mode: str = "ex
     return int(ts[best[len(best) // 2]])  # the middle of a flat optimum
 
 
+def link_fit_threshold(inputs: PlanInputs, rate_rps: float) -> int:
+    """Smallest t on the grid whose offloaded KV at `rate_rps` fits `inputs.link_gbps`."""
+    ts = threshold_grid(inputs.lengths, inputs.t_step_tokens)
+    support = inputs.lengths.support
+    tail_bytes = np.cumsum((inputs.lengths.pmf * inputs.kv.size_bytes(support))[::-1])[::-1]
+    idx = np.clip(np.floor(ts) - inputs.lengths.lo + 1, 0, support.size).astype(int)
+    above = np.append(tail_bytes, 0.0)[idx]  # E[S 1{L > t}] per request
+    fits = np.flatnonzero(rate_rps * above * 8 / 1e9 <= inputs.link_gbps)
+    return int(ts[fits[0]]) if fits.size else int(ts[-1])
+
+
 class ThresholdController:
     """Owns t; `observe` feeds lengths, `update(view)` may re-solve and returns t."""
 
@@ -92,14 +108,23 @@ class ThresholdController:
         self.config = config or ControllerConfig()
         self.t_tokens = int(initial_tokens)
         self._window: deque[int] = deque(maxlen=self.config.window_requests)
+        self._times: deque[float] = deque(maxlen=self.config.window_requests)
         self._next_solve_s: float | None = None
         self._pending_down: list[int] = []
         self.history: list[tuple[float, int]] = []
         self.solves = 0
         self.last_solution: int | None = None
 
-    def observe(self, uncached_tokens: int) -> None:
+    def observe(self, uncached_tokens: int, arrival_s: float | None = None) -> None:
+        """One request's post-prefix-match length (and arrival time, for the rate)."""
         self._window.append(max(int(uncached_tokens), 1))
+        if arrival_s is not None:
+            self._times.append(arrival_s)
+
+    def arrival_rps(self) -> float | None:
+        if len(self._times) < 2 or self._times[-1] <= self._times[0]:
+            return None
+        return (len(self._times) - 1) / (self._times[-1] - self._times[0])
 
     def _urgent(self, view: ClusterView) -> bool:
         link = view.link()
@@ -129,8 +154,12 @@ class ThresholdController:
         n_prf = len(view.instances(PRFAAS_CLUSTER, "prefill"))
         n_p = len(view.instances(PD_CLUSTER, "prefill"))
         self.solves += 1
-        self.last_solution = solve_threshold(inputs, n_prf, n_p, self.config.mode)
-        return self.last_solution
+        t = solve_threshold(inputs, n_prf, n_p, self.config.mode)
+        rate = self.arrival_rps()
+        if self.config.fit_offered_load and rate is not None and n_prf > 0:
+            t = max(t, link_fit_threshold(inputs, rate))
+        self.last_solution = t
+        return t
 
     def _apply(self, now_s: float, solved: int) -> None:
         cur = self.t_tokens

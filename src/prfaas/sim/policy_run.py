@@ -1,0 +1,145 @@
+"""One simulation run with a named policy, prefix caches and a link schedule.
+
+`run_policy` is what `prfaas simulate --policy/--cache-*/--link-schedule` and the policy
+benchmark call: it builds the system from the scenario (planner optimum, then overrides), the
+router from the policy registry (with the planner inputs a controlled router needs, and optional
+TTFT-SLO admission), the prefix cache (`sim.caching`), runs a `CachedSimulator` and returns the
+summary with the cache keys (`prefix_hit_fraction`, `ideal_prefix_hit_fraction`,
+`threshold_tokens` {mean, min, max}), `rejected`, and the controller's t over time when present.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from prfaas.core.errors import ConfigError
+from prfaas.planner.search import inputs_from_scenario
+from prfaas.policy.base import make_router
+from prfaas.scenario import Scenario
+from prfaas.sim.caching import CachedSimulator, SimPrefixCache, cache_metrics
+from prfaas.sim.link import LinkSchedule
+from prfaas.sim.metrics import summarize
+from prfaas.sim.system import SystemConfig, build_system
+from prfaas.workload.requests import Workload
+
+
+def parse_capacity(text: str | int | None) -> int | None:
+    """'unlimited' (or None) -> None; otherwise a byte count (suffixes K/M/G/T: powers of 1024)."""
+    if text is None or str(text).lower() == "unlimited":
+        return None
+    raw = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(raw[-1:], 1)
+    try:
+        value = float(raw[:-1] if scale > 1 else raw) * scale
+    except ValueError:
+        raise ConfigError("cache_capacity", text, "expected bytes (e.g. 80G) or unlimited") \
+            from None
+    if value < 0:
+        raise ConfigError("cache_capacity", text, "must be >= 0")
+    return int(value)
+
+
+def load_link_schedule(path: str | Path) -> LinkSchedule:
+    """A YAML/JSON list of [start_s, gbps] (or {start_s, gbps}) points, first at 0 s."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("link_schedule", str(path), "no such file")
+    raw = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
+    if isinstance(raw, dict):
+        raw = raw.get("schedule")
+    if not isinstance(raw, list):
+        raise ConfigError("link_schedule", str(path), "expected a list of [start_s, gbps]")
+    points = []
+    for i, item in enumerate(raw):
+        if isinstance(item, dict):
+            item = [item.get("start_s"), item.get("gbps")]
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            raise ConfigError(f"link_schedule[{i}]", item, "expected [start_s, gbps]")
+        points.append((float(item[0]), float(item[1])))
+    return LinkSchedule.piecewise(points)
+
+
+def build_cache(cfg: SystemConfig, workload: Workload, instances: list[tuple[str, str]],
+                scope: str | None, capacity: int | None, snapshot_policy: str
+                ) -> SimPrefixCache | None:
+    if scope is None:
+        return None
+    longest = int(workload.input_tokens.max()) if len(workload) else None
+    return SimPrefixCache(cfg.kv, scope, capacity, instances, snapshot_policy, longest)
+
+
+def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload, *,
+               threshold_tokens: int | None = None, cache_scope: str | None = None,
+               cache_capacity: int | None = None, snapshot_policy: str = "every_block",
+               link: LinkSchedule | None = None, ttft_slo_s: float | None = None,
+               controller: dict[str, Any] | None = None, router_args: dict[str, Any] | None
+               = None, **overrides: Any) -> tuple[CachedSimulator, dict[str, Any]]:
+    if link is not None:
+        overrides["link"] = link
+    cfg = build_system(s, system, threshold_tokens=threshold_tokens, **overrides)
+    name = policy or cfg.router
+    inputs = replace(inputs_from_scenario(s), n_prfaas=max(cfg.n_prfaas, 1))
+    kwargs: dict[str, Any] = {"plan_inputs": inputs, **(router_args or {})}
+    if controller is not None:
+        kwargs["controller"] = controller
+    t0 = cfg.threshold_tokens if cfg.threshold_tokens is not None else \
+        inputs_threshold(s, system)
+    router = make_router(name, threshold_tokens=t0, ttft_slo_s=ttft_slo_s, **kwargs)
+    cfg = replace(cfg, router=name)
+    sim = CachedSimulator(cfg, workload, router, None)
+    sim.cache = build_cache(cfg, workload, [(p.instance_id, p.cluster) for p in sim.prefills],
+                            cache_scope, cache_capacity, snapshot_policy)
+    sim.run()
+    summary = summarize(sim)
+    summary.update(cache_metrics(sim, workload))
+    summary["policy"] = router.name
+    summary["config"] = {**cfg.describe(), "cache_capacity_bytes": cache_capacity,
+                         "snapshot_policy": snapshot_policy, "ttft_slo_s": ttft_slo_s}
+    summary["workload"] = workload.source
+    history = getattr(getattr(router, "controller", None), "history", None)
+    if history is None:
+        history = getattr(getattr(getattr(router, "inner", None), "controller", None),
+                          "history", None)
+    if history is not None:
+        summary["threshold_history"] = [[round(t, 3), v] for t, v in history]
+    return sim, summary
+
+
+def inputs_threshold(s: Scenario, system: str) -> int:
+    """A t for systems whose plan has none (a threshold policy run on them): the PrfaaS-PD
+    optimum of the scenario."""
+    from prfaas.planner.search import plan_all
+
+    t = plan_all(s, mode="exact").systems["prfaas_pd"].threshold_tokens
+    return int(t or 0)
+
+
+def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str | None,
+                   cache_scope: str | None, cache_capacity: str | None,
+                   link_schedule: str | None, snapshot_policy: str,
+                   ttft_slo_s: float | None, threshold: int | None, n_p: int | None,
+                   n_d: int | None, link_gbps: float | None, no_pipeline: bool,
+                   prefill_order: str) -> tuple[CachedSimulator, dict[str, Any]]:
+    """`prfaas simulate` with the policy/cache/link-schedule flags; adds `sim_wall_s`."""
+    import time
+
+    overrides: dict[str, Any] = {"prefill_order": prefill_order, "n_p": n_p, "n_d": n_d}
+    if no_pipeline:
+        overrides["pipelined"] = False
+    link = load_link_schedule(link_schedule) if link_schedule else (
+        LinkSchedule.constant(link_gbps) if link_gbps is not None else None)
+    if cache_scope is None and cache_capacity is not None:
+        cache_scope = "cluster"  # a capacity alone means the paper's per-cluster pools
+    started = time.perf_counter()
+    sim, summary = run_policy(s, system, policy, workload, threshold_tokens=threshold,
+                              cache_scope=cache_scope,
+                              cache_capacity=parse_capacity(cache_capacity),
+                              snapshot_policy=snapshot_policy, link=link, ttft_slo_s=ttft_slo_s,
+                              **overrides)
+    summary["sim_wall_s"] = round(time.perf_counter() - started, 4)
+    return sim, summary
