@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+import sys
+
 import pytest
 
 from prfaas.core.errors import ConfigError
 from prfaas.transport.monitor import LinkMonitor
 from prfaas.transport.shaper import TokenBucket
+from prfaas.transport.tcpinfo import TcpStats, tcp_retransmits, tcp_stats
 
 
 class FakeClock:
@@ -62,3 +66,20 @@ def test_monitor_window_rate_pending_and_retransmits() -> None:
     assert monitor.egress_bytes_per_s() == pytest.approx(1500.0)
     clock.now_s += 5.0
     assert monitor.egress_bytes_per_s() == 0.0
+
+
+def test_tcp_info_reads_live_kernel_counters() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _addr = listener.accept()
+    client.sendall(b"x" * 100_000)
+    got = 0
+    while got < 100_000:
+        got += len(server.recv(65536))
+    stats = tcp_stats(client)
+    if sys.platform == "linux":
+        assert stats.rtt_us > 0 and stats.snd_cwnd_segments > 0
+    assert stats.total_retrans == tcp_retransmits(client) == 0  # loopback does not drop
+    for sock in (client, server, listener):
+        sock.close()
+    assert tcp_stats(client) == TcpStats(0, 0, 0)

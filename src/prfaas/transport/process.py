@@ -124,5 +124,9 @@ class ReceiverProcess:
     def _recv(self, timeout_s: float, what: str) -> tuple[Any, ...]:
         if not self._conn.poll(timeout_s):
             raise transport_errors.TransferTimeout(f"{what}: nothing after {timeout_s}s")
-        msg: tuple[Any, ...] = self._conn.recv()
+        try:
+            msg: tuple[Any, ...] = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            raise transport_errors.PeerGone(f"{what}: receiver process exited "
+                                            f"(exitcode {self._proc.exitcode})") from exc
         return msg

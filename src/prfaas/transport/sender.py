@@ -174,6 +174,9 @@ class KVSender:
                     await stream.task
             stream.sock.close()
         self._streams.clear()
+        if self.monitor is not None:  # what never left is no longer pending on this link
+            self.monitor.remove_pending(self._inflight_bytes)
+        self._inflight_bytes = 0
 
     def stats(self) -> SenderStats:
         per = tuple(s.sent_bytes for s in self._streams)
