@@ -1,4 +1,4 @@
-"""`prfaas serve`: start a topology's router and workers on this host; Ctrl-C / SIGTERM stops all."""
+"""`prfaas serve`: start a topology's router and workers here; Ctrl-C or SIGTERM stops all."""
 
 from __future__ import annotations
 
