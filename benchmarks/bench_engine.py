@@ -3,7 +3,7 @@
 Prefill tokens/s at 1K, 4K, 16K: `Engine.prefill` (block-aligned 64-token chunks, paged KV,
 linear-state snapshots at every block, a per-layer hook that receives each layer's exported KV)
 beside `HybridLM.forward_full` (whole-sequence projections, KDA chunkwise with no snapshots,
-attention in 512-query tiles over contiguous K/V, no cache kept).
+attention in 64-query tiles over contiguous K/V, no cache kept).
 Decode tokens/s at batch 1, 8, 32 with 512 tokens of context: `Engine.decode_step` (paged
 blocks gathered per sequence, per-sequence attention loop, snapshot bookkeeping) beside
 `PlainDecoder.step` (equal-length batch, contiguous caches, one batched einsum per layer).

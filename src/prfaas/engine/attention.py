@@ -22,7 +22,7 @@ from prfaas.engine.kv import AttnStore, Store
 from prfaas.engine.ops import apply_rope, causal_attention, proj, rms_norm
 
 Work = dict[str, Any]
-QUERY_TILE = 512  # forward_full attends in query tiles to bound the score matrix
+QUERY_TILE = 64  # forward_full query tile: bounds the score matrix, keeps it in cache
 
 
 class Rope:
@@ -37,9 +37,9 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.zeros(*shape), requires_grad=False)
 
 
-def _buffers(work: Work, total: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+def _buffers(work: Work, lead: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     if "buf" not in work:
-        work["buf"] = {n: torch.zeros(total, *s) for n, s in shapes.items()}
+        work["buf"] = {n: torch.zeros(lead, *s) for n, s in shapes.items()}
     return work["buf"]
 
 
@@ -78,23 +78,28 @@ class MLA(nn.Module):
         k = torch.cat((k_nope, k_rope[:, None, :].expand(n, self.h, self.dr)), dim=-1)
         return k, proj(latent, self.w_uv).view(n, self.h, self.dn)
 
+    def _fill(self, buf: dict[str, torch.Tensor], start: int, latent: torch.Tensor,
+              k_rope: torch.Tensor) -> None:
+        k, v = self._up(latent, k_rope)
+        buf["k"][:, start:start + k.shape[0]] = k.transpose(0, 1)
+        buf["v"][:, start:start + v.shape[0]] = v.transpose(0, 1)
+
     def prefill_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
                       ) -> torch.Tensor:
         assert isinstance(store, AttnStore)
         c, end = x.shape[0], start + x.shape[0]
-        buf = _buffers(work, work["total"], {"k": (self.h, self.dn + self.dr),
-                                             "v": (self.h, self.dn)})
+        # head-major [H, T, d] buffers: [:, :end] is a plain strided operand, no copy per chunk
+        buf = _buffers(work, self.h, {"k": (work["total"], self.dn + self.dr),
+                                      "v": (work["total"], self.dn)})
         if "filled" not in work:  # up-project the cached prefix block by block, like a chunk
             for i, block in enumerate(store.blocks):
-                lo = i * self.block_size
-                buf["k"][lo:lo + self.block_size], buf["v"][lo:lo + self.block_size] = \
-                    self._up(block["latent"], block["k_rope"])
+                self._fill(buf, i * self.block_size, block["latent"], block["k_rope"])
             work["filled"] = True
         q, latent, k_rope = self._qkv_latent(x, torch.arange(start, end))
         store.append({"latent": latent, "k_rope": k_rope})
-        buf["k"][start:end], buf["v"][start:end] = self._up(latent, k_rope)
-        o = causal_attention(q.transpose(0, 1), buf["k"][:end].transpose(0, 1),
-                             buf["v"][:end].transpose(0, 1), start, 0)  # [H, C, dv]
+        self._fill(buf, start, latent, k_rope)
+        o = causal_attention(q.transpose(0, 1), buf["k"][:, :end], buf["v"][:, :end],
+                             start, 0)  # [H, C, dv]
         return proj(o.transpose(0, 1).reshape(c, self.h * self.dn), self.wo)
 
     def decode(self, x: torch.Tensor, stores: list[Store], positions: torch.Tensor,
@@ -160,20 +165,24 @@ class GQA(nn.Module):
                       ) -> torch.Tensor:
         assert isinstance(store, AttnStore)
         c, end = x.shape[0], start + x.shape[0]
-        buf = _buffers(work, work["total"], {"k": (self.kvh, self.d), "v": (self.kvh, self.d)})
+        buf = _buffers(work, self.kvh, {"k": (work["total"], self.d),
+                                        "v": (work["total"], self.d)})
         if "filled" not in work:  # copy the cached rows this prefill can still attend to
             lo = self._key_start(start, store.first_token)
             cached = store.gather(lo, start)
             for name in ("k", "v"):
-                buf[name][lo:start] = cached[name] if cached else 0.0
+                buf[name][:, lo:start] = cached[name].transpose(0, 1) if cached else 0.0
             work["filled"] = True
         q, k, v = self._qkv(x, torch.arange(start, end))
         store.append({"k": k, "v": v})
-        buf["k"][start:end], buf["v"][start:end] = k, v
-        lo = self._key_start(start)
-        o = causal_attention(q.transpose(0, 1), self._heads(buf["k"][lo:end]),
-                             self._heads(buf["v"][lo:end]), start, lo, self.window)
-        return proj(o.transpose(0, 1).reshape(c, self.h * self.d), self.wo)
+        buf["k"][:, start:end], buf["v"][:, start:end] = k.transpose(0, 1), v.transpose(0, 1)
+        lo, rep = self._key_start(start), self.h // self.kvh
+        # query heads sharing a kv head attend together: [kvh, rep * C, d], no K/V repeat
+        grouped = q.transpose(0, 1).reshape(self.kvh, rep * c, self.d)
+        o = causal_attention(grouped, buf["k"][:, lo:end], buf["v"][:, lo:end], start, lo,
+                             self.window, q_repeat=rep)
+        return proj(o.reshape(self.h, c, self.d).transpose(0, 1).reshape(c, self.h * self.d),
+                    self.wo)
 
     def decode(self, x: torch.Tensor, stores: list[Store], positions: torch.Tensor,
                ) -> torch.Tensor:

@@ -43,6 +43,10 @@ class DecodeSeq:
 
 
 class Engine:
+    """The model plus the cache operations workers need. Constructing one sets torch's
+    intra-op thread count for the whole process to `config.threads` (exactness depends on it:
+    every process that must agree bitwise runs the same config)."""
+
     def __init__(self, config: EngineConfig | None = None, weights_path: str | None = None,
                  ) -> None:
         self.config = config or EngineConfig.tiny()

@@ -52,15 +52,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int,
-                     k_start: int, window: int = 0) -> torch.Tensor:
-    """q [H, C, d] at positions q_start.., k/v [H, N, d] at k_start.. -> [H, C, dv].
+                     k_start: int, window: int = 0, q_repeat: int = 1) -> torch.Tensor:
+    """q [H, R*C, d] at positions q_start.. (R = q_repeat query groups of C rows each, for GQA
+    heads sharing one kv head), k/v [H, N, d] at k_start.. -> [H, R*C, dv].
 
     Query p sees keys j with j <= p (and j > p - window when window > 0). Explicit matmul and
     softmax rather than SDPA, so the kernel choice cannot change with the shapes' history.
     """
     scale = q.shape[-1] ** -0.5
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [H, C, N]
-    q_pos = torch.arange(q_start, q_start + q.shape[1])[:, None]
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [H, R*C, N]
+    q_pos = torch.arange(q_start, q_start + q.shape[1] // q_repeat).repeat(q_repeat)[:, None]
     k_pos = torch.arange(k_start, k_start + k.shape[1])[None, :]
     allowed = k_pos <= q_pos
     if window > 0:
