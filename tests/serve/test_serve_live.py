@@ -5,6 +5,7 @@ One deployment for the module (startup costs a few seconds per process on 2 core
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -140,3 +141,18 @@ def test_bad_chat_input_is_400(live: Deployment) -> None:
 def test_health_and_workers_alive(live: Deployment) -> None:
     assert '"ok": true' in get_text(f"{live.url}/health")
     assert all(live.alive().values())
+
+
+def test_bench_load_against_the_router(live: Deployment) -> None:
+    from prfaas.bench.loadgen import run_load
+    from prfaas.bench.report import summarize
+    from prfaas.bench.workload import Scaling, synthetic
+
+    requests = synthetic(4, Scaling(length_scale=0.03, max_output_tokens=4, seed=3))
+    results = asyncio.run(run_load(live.url, MODEL, requests, [0.0, 0.1, 0.2, 0.3], 120.0))
+    summary = summarize(results, 5.0)
+    assert summary["ok"] == 4, summary["first_errors"]
+    assert summary["ttft_s"]["mean"] > 0 and summary["tpot_s"]["mean"] > 0
+    # ignore_eos: exactly max_tokens each
+    assert [r.output_tokens for r in results] == [q.max_tokens for q in requests]
+    assert 0 < summary["router_overhead_s"]["mean"] < summary["e2e_s"]["mean"]

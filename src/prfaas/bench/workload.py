@@ -57,7 +57,7 @@ def from_mooncake_row(row: dict[str, object], scaling: Scaling) -> BenchRequest:
     n_in = min(max(round(in_len * scaling.length_scale), 2), scaling.max_input_tokens) - 1
     text = b"".join(_block_text(int(h), block, scaling.seed) for h in hash_ids)
     if len(text) < n_in:  # the last id covers a partial block; pad deterministically
-        text += _block_text(-1 - len(text), n_in - len(text), scaling.seed)
+        text += _block_text(2**62 + len(text), n_in - len(text), scaling.seed)
     max_tokens = min(max(round(out_len * scaling.length_scale), 1), scaling.max_output_tokens)
     return BenchRequest(text[:n_in].decode("ascii"), max_tokens)
 

@@ -1,0 +1,55 @@
+"""`prfaas serve` as a user runs it: comes up, answers, and SIGINT stops every process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from serve_helpers import complete, topology
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_serve_cli_starts_and_sigint_stops_all(tmp_path: Path) -> None:
+    path = tmp_path / "topo.yaml"
+    topology().dump(path)
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen([sys.executable, "-m", "prfaas", "serve", "--topology", str(path),
+                             "--port", "0", "--threshold", "100", "--log-dir", str(logs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url, deadline = None, time.monotonic() + 120
+        assert proc.stdout is not None
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "serve exited before the router came up"
+            if line.startswith("router: "):
+                url = line.split()[1]
+        assert url is not None
+        reply = complete(url, "x" * 150, max_tokens=2)
+        assert reply["prfaas"]["route"] == "prfaas"  # --threshold 100 took effect
+        assert reply["prfaas"]["threshold_tokens"] == 100
+        children = [int(p) for p in subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()]
+        assert len(children) == 4  # 3 workers + router
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        time.sleep(0.5)
+        assert not [c for c in children if _alive(c)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
