@@ -165,7 +165,13 @@ def summarize(runs: list[dict[str, float]], standalone_s: float) -> dict[str, An
     def med(key: str) -> float:
         return round(statistics.median(r[key] for r in runs), 4)
 
+    # The claim is conditional on transfer ≈ prefill; with prefill drifting under shared CPUs
+    # only some runs meet that precondition, so they are also summarised on their own.
+    near = [r["total_over_prefill"] for r in runs if 0.8 <= r["transfer_over_prefill"] <= 1.25]
     return {"total_over_prefill": med("total_over_prefill"),
+            "runs_with_transfer_within_20pct_of_prefill": len(near),
+            "total_over_prefill_in_those_runs": round(statistics.median(near), 4) if near
+            else None,
             "ideal_over_prefill": med("ideal_over_prefill"),
             "transfer_over_prefill": med("transfer_over_prefill"),
             "total_over_standalone_prefill": round(statistics.median(
@@ -204,7 +210,10 @@ def main() -> None:
                 "pipelined_total_over_prefill": r["pipelined"]["total_over_prefill"],
                 "after_total_over_prefill": r["after"]["total_over_prefill"],
                 "pipelined_ideal_link_over_prefill": r["pipelined"]["ideal_over_prefill"],
-                "transfer_over_prefill_in_those_runs": r["pipelined"]["transfer_over_prefill"],
+                "transfer_over_prefill_median": r["pipelined"]["transfer_over_prefill"],
+                "pipelined_when_transfer_within_20pct": r["pipelined"][
+                    "total_over_prefill_in_those_runs"],
+                "after_when_transfer_within_20pct": r["after"]["total_over_prefill_in_those_runs"],
                 "last_layer_byte_share": r["last_layer_byte_share"],
                 "met": r["pipelined"]["total_over_prefill"] <= 1.25,
             } for r in results},

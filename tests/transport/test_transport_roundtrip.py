@@ -34,6 +34,9 @@ def _layers(seed: int) -> list[tuple[int, str, str, np.ndarray]]:
         (2, "swa", "k", rng.integers(-9, 9, (5, 7), dtype=np.int64)),
         (2, "swa", "empty", np.zeros((0, 4), np.float32)),
         (3, "gqa", "ids", rng.integers(0, 255, 1001, dtype=np.uint8)),
+        (3, "gqa", "scalar", np.array(2.5, dtype=np.float32)),
+        (4, "gqa", "strided", np.arange(60, dtype=np.int32).reshape(6, 10)[:, ::3]),
+        (4, "gqa", "big_endian", np.arange(7, dtype=">f4")),
     ]
 
 
@@ -54,7 +57,7 @@ def test_round_trip_is_bit_exact_and_striped_over_all_connections() -> None:
                     kv = await rx.wait_request(rid, timeout_s=5)
                     for layer, kind, name, a in _layers(rid):
                         got = kv.layers[layer][name]
-                        assert got.dtype == a.dtype and got.shape == a.shape
+                        assert got.dtype == a.dtype.newbyteorder("<") and got.shape == a.shape
                         assert np.array_equal(got, a)
                         assert kv.kinds[layer] == kind
                     assert kv.bfloat16 == {(1, "k_rope")}

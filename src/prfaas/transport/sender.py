@@ -134,7 +134,10 @@ class KVSender:
         """Queue one tensor; returns when every chunk is queued (not yet sent)."""
         self._check()
         code, kind_c = dtype_code(array, bfloat16), to_kind(kind)
-        array = np.ascontiguousarray(array)
+        if array.dtype.byteorder == ">":  # the wire is little-endian
+            array = array.astype(array.dtype.newbyteorder("<"))
+        if not array.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
+            array = np.ascontiguousarray(array)
         view = array.reshape(-1).view(np.uint8).data
         req = self._requests.setdefault(request_id, _Request())
         req.num_tensors += 1
