@@ -22,6 +22,8 @@ from prfaas.engine import (
     SamplingParams,
     sample,
 )
+from prfaas.models.kv import geometry
+from prfaas.models.spec import load_spec_file
 
 
 def test_tokenizer_round_trip() -> None:
@@ -127,8 +129,10 @@ def test_profile_cli_writes_planner_format(tmp_path: Path) -> None:
     from prfaas.cli.profile import command
 
     out = tmp_path / "p.yaml"
+    spec = tmp_path / "spec.yaml"
     result = CliRunner().invoke(command, ["--out", str(out), "--lengths", "64,256",
-                                          "--batches", "1,4", "--context", "64"])
+                                          "--batches", "1,4", "--context", "64",
+                                          "--spec-out", str(spec)])
     assert result.exit_code == 0, result.output
     doc = yaml.safe_load(out.read_text())
     assert doc["model"] == "prfaas-tiny-kda" and doc["gpus_per_instance"] == 1
@@ -138,3 +142,5 @@ def test_profile_cli_writes_planner_format(tmp_path: Path) -> None:
     assert kv[1] - kv[0] == 192 * 2 * (128 + 32) * 4  # 2 MLA layers, latent + rope, fp32
     assert [p["batch"] for p in doc["decode"]["step_points"]] == [1, 4]
     assert doc["decode"]["bs_max"] == 4
+    sized = geometry(load_spec_file(spec))  # what `prfaas kv --model-file` computes
+    assert [sized.size_bytes(n) for n in (64, 256)] == kv

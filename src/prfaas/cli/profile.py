@@ -19,6 +19,7 @@ from prfaas.engine.profiler import (
     profile_document,
     run_profile,
 )
+from prfaas.models.spec import spec_to_dict
 
 
 def _ints(text: str | None, field: str) -> tuple[int, ...] | None:
@@ -43,12 +44,17 @@ def _ints(text: str | None, field: str) -> tuple[int, ...] | None:
               help="Context length of the decode-step measurement.")
 @click.option("--preset", default="tiny", show_default=True, type=click.Choice(list(PRESETS)))
 @click.option("--threads", default=None, type=int, help="torch threads (default 1).")
+@click.option("--spec-out", default=None, type=click.Path(),
+              help="Also write the engine's model spec (for `prfaas kv --model-file`).")
 def command(out: str, full: bool, lengths: str | None, batches: str | None, reps: int,
-            context_tokens: int, preset: str, threads: int | None) -> None:
+            context_tokens: int, preset: str, threads: int | None, spec_out: str | None) -> None:
     """Measure the engine's prefill / KV / decode profile on this machine."""
     if reps <= 0:
         raise ConfigError("reps", reps, "must be positive")
     engine = Engine(engine_config(preset, threads=threads))
+    if spec_out is not None:
+        Path(spec_out).write_text(yaml.safe_dump(spec_to_dict(engine.config.to_spec()),
+                                                 sort_keys=False))
     chosen = _ints(lengths, "lengths") or (FULL_LENGTHS if full else DEFAULT_LENGTHS)
     if max(chosen) > engine.config.max_context_tokens:
         raise ConfigError("lengths", max(chosen), "exceeds max_context_tokens")
