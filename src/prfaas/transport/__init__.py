@@ -19,6 +19,7 @@ from prfaas.transport.monitor import LinkMonitor, LinkSample
 from prfaas.transport.receiver import KVReceiver, ReceiverConfig
 from prfaas.transport.sender import KVSender, SenderConfig, SenderStats
 from prfaas.transport.shaper import TokenBucket
+from prfaas.transport.streaming import LayerSink, stream_prefill
 from prfaas.transport.wire import DType, Kind, Limits
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "KVReceiver",
     "KVSender",
     "Kind",
+    "LayerSink",
     "Limits",
     "LinkMonitor",
     "LinkSample",
@@ -44,4 +46,5 @@ __all__ = [
     "ShortRead",
     "TokenBucket",
     "TransferTimeout",
+    "stream_prefill",
 ]

@@ -200,11 +200,14 @@ class KVSender:
 
     async def _enqueue(self, frame: _Frame, stream: _Stream) -> None:
         n = frame.nbytes
-        async with self._space:
+
+        def may_go() -> bool:
             # A frame bigger than the whole budget still passes when nothing else is in flight.
-            await self._space.wait_for(lambda: self._error is not None or self._inflight_bytes
-                                       == 0 or self._inflight_bytes + n <= self.config
-                                       .max_inflight_bytes)
+            fits = self._inflight_bytes + n <= self.config.max_inflight_bytes
+            return self._error is not None or self._inflight_bytes == 0 or fits
+
+        async with self._space:
+            await self._space.wait_for(may_go)
         self._check()
         self._inflight_bytes += n
         stream.queued_bytes += n
