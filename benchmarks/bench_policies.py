@@ -119,7 +119,7 @@ def fluctuation(seeds: tuple[int, ...], duration_s: float = 900.0) -> dict[str, 
                                requests=None, arrivals="poisson", trace=None, seed=seed)
             sim, summary = run_policy(s, "prfaas_pd", policy, w, threshold_tokens=t_static,
                                       n_p=n_p, n_d=n_d)
-            runs.append(_dip_figures(sim, summary))
+            runs.append(_dip_figures(sim, summary, t_static))
         out["runs"][policy] = {"seeds": runs,
                                "mean": {k: _mean([r[k] for r in runs]) for k in runs[0]
                                         if not isinstance(runs[0][k], list | dict)}}
@@ -130,7 +130,10 @@ def fluctuation(seeds: tuple[int, ...], duration_s: float = 900.0) -> dict[str, 
     return out
 
 
-def _dip_figures(sim: Any, summary: dict[str, Any]) -> dict[str, Any]:
+def _dip_figures(sim: Any, summary: dict[str, Any], t_opt: int) -> dict[str, Any]:
+    """Dip figures; recovery = seconds after 600 s until t is back within 10% of the healthy-
+    link optimum `t_opt` (the steady solves on a 2000-length window of a heavy-tailed
+    distribution themselves scatter by about that much)."""
     log = sim.log
     arrival = np.asarray(log.arrival_s)
     ttft = np.asarray(log.kv_ready_s) - arrival
@@ -141,9 +144,9 @@ def _dip_figures(sim: Any, summary: dict[str, Any]) -> dict[str, Any]:
     history = summary.get("threshold_history", [])
     before = [t for when, t in history if when < 300]
     recovered_s = None
-    if before:
+    if history:
         for when, t in history:
-            if when >= 600 and abs(t - before[-1]) <= 0.05 * before[-1]:
+            if when >= 600 and abs(t - t_opt) <= 0.10 * t_opt:
                 recovered_s = round(when - 600, 3)
                 break
     return {"dip_ttft_p99_s": round(float(np.nanpercentile(ttft[dip], 99)), 4),
