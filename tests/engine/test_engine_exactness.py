@@ -136,3 +136,20 @@ def test_two_threads_keep_resume_bitwise_and_greedy_batch_agreement() -> None:
         assert [list(col) for col in zip(*steps, strict=True)] == alone
     finally:
         torch.set_num_threads(1)  # the cached engines of the other tests run on one thread
+
+
+def test_requests_join_and_leave_the_batch_without_changing_tokens() -> None:
+    """Continuous batching: B joins after A's 3rd step, A leaves after its 6th; each request's
+    tokens equal its solo `generate`."""
+    eng = engine("kimi")
+    ids_a, ids_b = prompt(90, seed=20), prompt(150, seed=21)
+    solo = SamplingParams(ignore_eos=True)
+    want_a, want_b = eng.generate(ids_a, 7, solo), eng.generate(ids_b, 8, solo)
+    ra, rb = eng.prefill(ids_a), eng.prefill(ids_b)
+    a, b = DecodeSeq(ra.kv, ra.first_token), DecodeSeq(rb.kv, rb.first_token)
+    got_a, got_b = [ra.first_token], [rb.first_token]
+    for step in range(13):
+        batch = ([a] if step < 6 else []) + ([b] if step >= 3 and len(got_b) < 8 else [])
+        for seq, token in zip(batch, eng.decode_step(batch), strict=True):
+            (got_a if seq is a else got_b).append(token)
+    assert (got_a, got_b) == (want_a, want_b)
