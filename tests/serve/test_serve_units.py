@@ -11,11 +11,15 @@ from serve_helpers import MODEL, topology
 
 from prfaas.bench.workload import Scaling, from_mooncake_row, poisson_arrivals, synthetic
 from prfaas.core.errors import ConfigError
-from prfaas.engine import ByteTokenizer
+from prfaas.core.types import RouteDecision
+from prfaas.engine import ByteTokenizer, EngineConfig
+from prfaas.policy.base import Router
+from prfaas.serve.dispatch import Dispatcher
 from prfaas.serve.kvship import reframe
 from prfaas.serve.metrics import RouterMetrics
 from prfaas.serve.openai_api import ApiError, TextStream, load_json, parse
 from prfaas.serve.prefix_store import PrefixStore
+from prfaas.serve.router import RouterService
 from prfaas.serve.topology import load_topology, parse_topology
 
 TOK = ByteTokenizer()
@@ -146,3 +150,19 @@ def test_trace_rows_share_real_prefixes_and_scale() -> None:
     assert synthetic(5, scaling) == synthetic(5, scaling)
     times = poisson_arrivals(2.0, 50.0, seed=1)
     assert times == sorted(times) and 70 < len(times) < 130
+
+
+def test_policy_rejection_is_429() -> None:
+    class Reject(Router):
+        name = "reject-all"
+
+        def route(self, query: Any, view: Any) -> RouteDecision:
+            return RouteDecision.reject("overloaded", 7)
+
+    service = RouterService(topology(), EngineConfig.tiny(), policy=Reject())
+    dispatcher = Dispatcher(service.topology, service.cluster, service.manager, service.policy,
+                            None, 64)  # type: ignore[arg-type]  # never reaches a worker
+    req = _parse({"model": MODEL, "prompt": "x"})
+    with pytest.raises(ApiError) as info:
+        dispatcher.route(req, "r1")
+    assert info.value.status == 429 and "overloaded" in info.value.message

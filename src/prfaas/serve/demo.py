@@ -46,14 +46,14 @@ def run(model_name: str | None = None) -> int:
               f"link {topo.link.rate_gbps} Gbps x {topo.link.connections}")
         model = model_name or _post_models(dep.url)
         print(f"{'prompt':<12} {'tokens':>6} {'route':<7} {'prefill':<9} {'decode':<7} "
-              f"{'cached':>6} {'kv_bytes':>9} {'ttft_s':>7}")
+              f"{'cached':>6} {'kv_bytes':>9} {'prefill_s':>9} {'ttft_s':>7}")
         for label, prompt in _prompts():
             reply = _post(f"{dep.url}/v1/completions", {"model": model, "prompt": prompt,
                                                         "max_tokens": 8, "temperature": 0})
             p = reply["prfaas"]
             print(f"{label:<12} {reply['usage']['prompt_tokens']:>6} {p['route']:<7} "
                   f"{p['prefill_node']:<9} {p['decode_node']:<7} {p['cached_tokens']:>6} "
-                  f"{p['kv_bytes']:>9} {p['ttft_s']:>7.3f}")
+                  f"{p['kv_bytes']:>9} {p['prefill_s']:>9.3f} {p['ttft_s']:>7.3f}")
         with urllib.request.urlopen(f"{dep.url}/metrics", timeout=10) as resp:
             metrics = resp.read().decode()
         for row in metrics.splitlines():
