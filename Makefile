@@ -18,6 +18,7 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/prfaas reproduce --out out/reproduce
+	$(BIN)/python -m prfaas.serve.demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -62,17 +62,17 @@ def _raw(scenario) -> dict:
 def test_zero_instances_rejected_naming_field(scenario) -> None:
     raw = _raw(scenario)
     raw["clusters"]["prfaas"]["instances"] = 0
-    with pytest.raises(ConfigError, match="clusters.prfaas.instances"):
+    with pytest.raises(ConfigError, match=r"clusters\.prfaas\.instances"):
         parse_scenario(raw)
 
 
 def test_zero_bandwidth_rejected_naming_field(scenario) -> None:
     raw = _raw(scenario)
     raw["link"]["gbps"] = 0
-    with pytest.raises(ConfigError, match="link.gbps"):
+    with pytest.raises(ConfigError, match=r"link\.gbps"):
         parse_scenario(raw)
     base = inputs_from_scenario(scenario)
-    with pytest.raises(InfeasibleError, match="link.gbps"):
+    with pytest.raises(InfeasibleError, match=r"link\.gbps"):
         search_prfaas_pd(PlanInputs(**{**base.__dict__, "link_gbps": 0.0}), "paper")
 
 
