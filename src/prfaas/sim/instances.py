@@ -23,7 +23,7 @@ PREFILL_ORDERS = ("fifo", "sjf")
 
 class PrefillInstance:
     def __init__(self, instance_id: str, cluster: str, profile: PrefillTime,
-                 order: str = "fifo") -> None:
+                 order: str = "fifo", start_s: float = 0.0) -> None:
         self.instance_id = instance_id
         self.cluster = cluster
         self.index = 0  # position in the simulator's list (fits in an event tuple)
@@ -35,7 +35,12 @@ class PrefillInstance:
         self.running = -1  # request index, -1 when idle
         self.busy_until_s = 0.0
         self.busy_s = 0.0
+        self.served_s = 0.0  # service time of finished prefills (busy_s counts on start)
+        self._running_s = 0.0
         self.done = 0
+        self.held = 0  # routed here, waiting for a prefix move before they queue
+        self.start_s = start_s  # joined its role (a rebalanced instance joins mid-run)
+        self.end_s: float | None = None  # left its role
 
     def __len__(self) -> int:
         return len(self._heap) if self.sjf else len(self._fifo)
@@ -61,12 +66,25 @@ class PrefillInstance:
         self.running = req
         self.busy_until_s = now_s + service_s
         self.busy_s += service_s
+        self._running_s = service_s
         return req, self.busy_until_s
 
     def finish(self) -> int:
         req, self.running = self.running, -1
         self.done += 1
+        self.served_s += self._running_s
         return req
+
+    def idle(self) -> bool:
+        """Nothing running, queued or on its way (a draining instance may leave)."""
+        return self.running < 0 and not len(self) and not self.held
+
+    def order_key(self) -> tuple[float, str]:
+        """Orders instances like (drain_s(now), id) for any now: an idle one drains at once,
+        a busy one when its running and queued work is done (absolute time)."""
+        if self.running < 0:
+            return (-1.0, self.instance_id)
+        return (self.busy_until_s + self.queued_service_s, self.instance_id)
 
     def drain_s(self, now_s: float) -> float:
         """Predicted time to finish what is running and queued."""
@@ -79,7 +97,8 @@ class PrefillInstance:
 
 
 class DecodeInstance:
-    def __init__(self, instance_id: str, cluster: str, profile: DecodeTime) -> None:
+    def __init__(self, instance_id: str, cluster: str, profile: DecodeTime,
+                 start_s: float = 0.0) -> None:
         self.instance_id = instance_id
         self.cluster = cluster
         self.role: Role = "decode"
@@ -88,13 +107,15 @@ class DecodeInstance:
         self.bs_max = profile.bs_max
         self._const_step_s = profile.step_s if not profile.batch_points else 0.0
         self._virtual = 0.0  # tokens each running sequence has emitted since t = 0
-        self._last_s = 0.0
         self._running: list[tuple[float, int]] = []  # (virtual finish, request)
         self.waiting: deque[int] = deque()  # KV arrived, no free slot yet
         self.inflight = 0  # routed here, KV not yet arrived
         self.version = 0
         self.slot_s = 0.0  # integral of batch size over time (for utilisation)
         self.done = 0
+        self.start_s = start_s
+        self.end_s: float | None = None
+        self._last_s = start_s
 
     @property
     def batch(self) -> int:
@@ -133,6 +154,18 @@ class DecodeInstance:
             self.version += 1
             self.done += len(done)
         return done
+
+    def occupancy(self) -> int:
+        """Sequences running, waiting for a slot, or with KV on the way."""
+        return len(self._running) + len(self.waiting) + self.inflight
+
+    def idle(self) -> bool:
+        return not self._running and not self.waiting and not self.inflight
+
+    def order_key(self) -> tuple[int, str]:
+        """Orders decoders like (-free_slots, occupancy, id): with one BS_max, both are
+        increasing in occupancy."""
+        return (self.occupancy(), self.instance_id)
 
     def free_slots(self) -> int:
         return max(self.bs_max - len(self._running) - len(self.waiting) - self.inflight, 0)

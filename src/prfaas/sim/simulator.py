@@ -3,31 +3,40 @@
 Event heap entries are (time_s, kind, seq, a, b): ties at one instant resolve by kind (resources
 are freed before new work arrives), then by insertion order, so a run is deterministic. Events
 exist only where state changes: arrival, prefill end, link flow end, KV arrival, decode leave,
-link capacity change. Every request is routed by a `Router` through `SimView`, the simulator's
-`ClusterView`; the cached-prefix lookup (`cached_lookup`) is the hook the prefix cache fills.
+link capacity change, and plugin callbacks (`call_at`). Every request is routed by a `Router`
+through `SimView`, the simulator's `ClusterView`. Prefix caches and the role rebalancer are
+`SimPlugin`s (plugin.py): listeners called at fixed points, not subclasses.
 
 A remote (PrfaaS) transfer shares the inter-cluster link (see link.py). Pipelined: the flow
 joins at prefill start and ends at the later of its bandwidth-limited finish and prefill end plus
 the last layer's share; otherwise it joins at prefill end. Local transfers run unshared at the
 intra-cluster rate with the same overlap rule. TTFT ends when the whole KV (and with it the
-first token) is at the decode instance.
+first token) is at the decode instance. A request whose placement has `link_wait_bytes` (a
+prefix move) joins its prefill queue once those bytes have crossed the shared link.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from prfaas.core.types import PD_CLUSTER, PRFAAS_CLUSTER, RequestInfo, RouteQuery
+from prfaas.core.types import (
+    PD_CLUSTER,
+    PRFAAS_CLUSTER,
+    RequestInfo,
+    RouteDecision,
+    RouteQuery,
+)
 from prfaas.policy.base import Router, make_router
 from prfaas.sim.instances import DecodeInstance, PrefillInstance
 from prfaas.sim.link import BYTES_PER_GBPS, SharedLink
+from prfaas.sim.plugin import Placement, SimPlugin
 from prfaas.sim.system import SystemConfig
 from prfaas.sim.view import SimView
 from prfaas.workload.requests import Workload
 
-DECODE_DONE, LINK_DONE, KV_ARRIVE, PREFILL_DONE, LINK_CHANGE, ARRIVAL = range(6)
+DECODE_DONE, LINK_DONE, KV_ARRIVE, PREFILL_DONE, LINK_CHANGE, ARRIVAL, CALLBACK = range(7)
 NO_CACHE: Mapping[str, int] = {}
 
 
@@ -51,14 +60,13 @@ class RequestLog:
 
 class Simulator:
     def __init__(self, cfg: SystemConfig, workload: Workload, router: Router | None = None,
-                 cached_lookup: Callable[[int], Mapping[str, int]] | None = None,
-                 candidate_limit: int | None = None) -> None:
+                 plugins: Sequence[SimPlugin] = (), candidate_limit: int | None = None) -> None:
         self.cfg = cfg
         self.workload = workload
         self.router = router or make_router(cfg.router, **(
             {"threshold_tokens": cfg.threshold_tokens} if cfg.threshold_tokens is not None
             else {}))
-        self.cached_lookup = cached_lookup
+        self.plugins = tuple(plugins)
         self.remote = [PrefillInstance(f"prfaas-p{i:04d}", PRFAAS_CLUSTER, cfg.prfaas_prefill,
                                        cfg.prefill_order)
                        for i in range(cfg.n_prfaas) if cfg.prfaas_prefill is not None]
@@ -76,12 +84,14 @@ class Simulator:
         self.decode_by_id = {d.instance_id: d for d in self.decoders}
         self.link = SharedLink(cfg.link, cfg.flow_cap_gbps)
         self.view = SimView(self, candidate_limit)
+        self._indexed = candidate_limit is not None
         self.now_s = 0.0
         self.events = 0
         self.in_system = 0
         self.in_system_at_arrival: list[int] = []
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
+        self._callbacks: dict[int, Callable[[], None]] = {}
         n = len(workload)
         nan = float("nan")
         self.log = RequestLog(
@@ -91,20 +101,34 @@ class Simulator:
         self._decoder_of: list[DecodeInstance | None] = [None] * n
         self._prefill_of: list[PrefillInstance | None] = [None] * n
         self._flow_done = [False] * n
+        self._held: dict[int, tuple[PrefillInstance, float]] = {}  # waiting on a link move
+        self._arrived = 0
 
     # -- event plumbing ---------------------------------------------------------------------
     def _push(self, time_s: float, kind: int, a: int = 0, b: int = 0) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (time_s, kind, self._seq, a, b))
 
+    def call_at(self, time_s: float, fn: Callable[[], None]) -> None:
+        """Run `fn()` at `time_s` (after the simulator's own events of that instant)."""
+        self._callbacks[self._seq + 1] = fn
+        self._push(time_s, CALLBACK, self._seq + 1)
+
+    def busy(self) -> bool:
+        """Work remains: requests still to arrive, in the system, or waiting on the link."""
+        return self._arrived < len(self.log.arrival_s) or self.in_system > 0
+
     def run(self) -> Simulator:
+        for plugin in self.plugins:
+            plugin.attach(self)
         if len(self.workload):
             self._push(self.log.arrival_s[0], ARRIVAL, 0)
         change = self.cfg.link.next_change_s(0.0)
         if change is not None:
             self._push(change, LINK_CHANGE)
         handlers = (self._on_decode_done, self._on_link_done, self._on_kv_arrive,
-                    self._on_prefill_done, self._on_link_change, self._on_arrival)
+                    self._on_prefill_done, self._on_link_change, self._on_arrival,
+                    self._on_callback)
         heap = self._heap
         pop = heapq.heappop
         while heap:
@@ -114,13 +138,38 @@ class Simulator:
             handlers[kind](a, b)
         return self
 
+    # -- instances joining and leaving roles (the rebalancer) --------------------------------
+    def stop_routing(self, instance: PrefillInstance | DecodeInstance) -> None:
+        """The router no longer sees `instance`; what it holds still completes."""
+        self.view.remove(instance)
+
+    def add_local_prefill(self, instance_id: str) -> PrefillInstance:
+        assert self.cfg.pd_prefill is not None, "the system has no PD prefill profile"
+        inst = PrefillInstance(instance_id, PD_CLUSTER, self.cfg.pd_prefill,
+                               self.cfg.prefill_order, self.now_s)
+        inst.index = len(self.prefills)
+        self.prefills.append(inst)
+        self.local.append(inst)
+        self.prefill_by_id[instance_id] = inst
+        self.view.add(inst)
+        return inst
+
+    def add_decoder(self, instance_id: str) -> DecodeInstance:
+        dec = DecodeInstance(instance_id, PD_CLUSTER, self.cfg.decode, self.now_s)
+        dec.index = len(self.decoders)
+        self.decoders.append(dec)
+        self.decode_by_id[instance_id] = dec
+        self.view.add(dec)
+        return dec
+
     # -- handlers ---------------------------------------------------------------------------
     def _on_arrival(self, i: int, _: int) -> None:
         log, now = self.log, self.now_s
+        self._arrived = i + 1
         if i + 1 < len(log.arrival_s):
             self._push(log.arrival_s[i + 1], ARRIVAL, i + 1)
         self.in_system_at_arrival.append(self.in_system)
-        cached = self.cached_lookup(i) if self.cached_lookup else NO_CACHE
+        cached = self._cached(i)
         info = RequestInfo(str(i), log.input_tokens[i], log.output_tokens[i], now)
         decision = self.router.route(RouteQuery(info, cached), self.view)
         t = self.router.threshold_tokens()
@@ -132,13 +181,45 @@ class Simulator:
             return
         self.in_system += 1
         decoder.inflight += 1
+        if self._indexed:
+            self.view.touch_decode(decoder)
         self._decoder_of[i] = decoder
         self._prefill_of[i] = prefill
         log.remote[i] = prefill.cluster == PRFAAS_CLUSTER
-        log.kv_bytes[i] = self.cfg.kv.bytes_for(log.input_tokens[i])
-        prefill.enqueue(i, prefill.profile.seconds(log.input_tokens[i], decision.cached_tokens))
+        place = self._placement(i, decision, prefill, cached)
+        log.kv_bytes[i] = place.kv_bytes
+        if place.link_wait_bytes > 0:
+            # the prefill waits for a prefix move on the shared link (flow id past the requests)
+            self._held[i] = (prefill, place.service_s)
+            prefill.held += 1
+            self.link.start(now, len(log.arrival_s) + i, place.link_wait_bytes)
+            self._schedule_link()
+            return
+        self._enqueue(i, prefill, place.service_s)
+
+    def _cached(self, i: int) -> Mapping[str, int]:
+        for plugin in self.plugins:
+            cached = plugin.cached_tokens(i)
+            if cached is not None:
+                return cached
+        return NO_CACHE
+
+    def _placement(self, i: int, decision: RouteDecision, prefill: PrefillInstance,
+                   cached: Mapping[str, int]) -> Placement:
+        for plugin in self.plugins:
+            place = plugin.on_routed(i, decision, prefill, cached)
+            if place is not None:
+                return place
+        total = self.log.input_tokens[i]
+        return Placement(prefill.profile.seconds(total, decision.cached_tokens),
+                         self.cfg.kv.bytes_for(total))
+
+    def _enqueue(self, req: int, prefill: PrefillInstance, service_s: float) -> None:
+        prefill.enqueue(req, service_s)
         if prefill.running < 0:
             self._start_prefill(prefill)
+        if self._indexed:
+            self.view.touch_prefill(prefill)
 
     def _start_prefill(self, prefill: PrefillInstance) -> None:
         started = prefill.start_next(self.now_s)
@@ -181,18 +262,27 @@ class Simulator:
                 if self.cfg.pipelined else now + whole
             self._push(ready, KV_ARRIVE, req)
         self._start_prefill(prefill)
+        if self._indexed:
+            self.view.touch_prefill(prefill)
+        for plugin in self.plugins:
+            plugin.on_prefill_done(req, prefill)
 
     def _on_link_done(self, _: int, version: int) -> None:
         if version != self.link.version:
             return  # superseded by a later join, finish or capacity change
-        now = self.now_s
-        for req in self.link.pop_finished(now):
-            self._flow_done[req] = True
-            end = self.log.prefill_end_s[req]
+        now, n = self.now_s, len(self.log.arrival_s)
+        for flow in self.link.pop_finished(now):
+            if flow >= n:  # a prefix move: the prefill that waited for it may queue
+                prefill, service_s = self._held.pop(flow - n)
+                prefill.held -= 1
+                self._enqueue(flow - n, prefill, service_s)
+                continue
+            self._flow_done[flow] = True
+            end = self.log.prefill_end_s[flow]
             if end == end:  # prefill already over (not nan): the transfer is complete
-                tail = self._last_layer_s(req, self.link.flow_rate_bps()) \
+                tail = self._last_layer_s(flow, self.link.flow_rate_bps()) \
                     if self.cfg.pipelined else 0.0
-                self._push(max(now, end + tail), KV_ARRIVE, req)
+                self._push(max(now, end + tail), KV_ARRIVE, flow)
         self._schedule_link()
 
     def _on_link_change(self, _: int, __: int) -> None:
@@ -201,6 +291,9 @@ class Simulator:
         change = self.cfg.link.next_change_s(self.now_s)
         if change is not None and self._heap:
             self._push(change, LINK_CHANGE)
+
+    def _on_callback(self, key: int, _: int) -> None:
+        self._callbacks.pop(key)()
 
     def _on_kv_arrive(self, req: int, _: int) -> None:
         self.log.kv_ready_s[req] = self.now_s
@@ -230,3 +323,7 @@ class Simulator:
             req = decoder.waiting.popleft()
             decoder.join(now, req, self.log.output_tokens[req])
         self._schedule_decoder(decoder)
+        if self._indexed:
+            self.view.touch_decode(decoder)
+        for plugin in self.plugins:
+            plugin.on_decode_done(decoder)

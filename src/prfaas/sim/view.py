@@ -3,55 +3,105 @@
 With `candidate_limit=k`, a pool of prefill instances is shown as its k least-loaded members
 (by predicted drain time, then id) and the decode pool as its k best (most free slots, fewest
 queued, then id). For a pool of one hardware type and no prefix caches this changes no decision
-of the built-in routers (they take the minimum of exactly those keys); it makes routing cost
-O(k) instead of O(instances) for scale runs. None (the default) shows every instance.
+of the built-in routers (they take the minimum of exactly those keys). The k are read from a
+`LoadIndex` per pool that the simulator keeps current (`touch_prefill` / `touch_decode` after
+every change of an instance's queue or batch), so routing costs O(k log n), not O(n). None
+(the default) shows every instance and keeps no index.
+
+Pools change when the rebalancer moves an instance: `remove` hides it from routing (it drains),
+`add` shows its new-role incarnation. `unlimited()` is a view of the same pools without the
+limit (the rebalancer looks at whole pools).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from prfaas.core.types import InstanceLoad, LinkStatus, Role
+from prfaas.sim.instances import DecodeInstance, PrefillInstance
 from prfaas.sim.link import BYTES_PER_GBPS
+from prfaas.sim.load_index import LoadIndex
 
 if TYPE_CHECKING:
     from prfaas.sim.simulator import Simulator
 
 
 class SimView:
-    def __init__(self, sim: Simulator, candidate_limit: int | None = None) -> None:
+    def __init__(self, sim: Simulator, candidate_limit: int | None = None,
+                 shared: SimView | None = None) -> None:
         self._sim = sim
         self._limit = candidate_limit
-        self._prefill = {c: [p for p in sim.prefills if p.cluster == c]
-                         for c in {p.cluster for p in sim.prefills}}
-        self._decode = {c: [d for d in sim.decoders if d.cluster == c]
-                        for c in {d.cluster for d in sim.decoders}}
+        self._prefill: dict[str, list[PrefillInstance]] = shared._prefill if shared else {}
+        self._decode: dict[str, list[DecodeInstance]] = shared._decode if shared else {}
+        self._index: dict[tuple[str, Role], LoadIndex] = shared._index if shared else {}
+        if shared is not None:
+            return
+        for p in sim.prefills:
+            self.add(p)
+        for d in sim.decoders:
+            self.add(d)
+
+    def unlimited(self) -> SimView:
+        return SimView(self._sim, None, shared=self)
 
     @property
     def now_s(self) -> float:
         return self._sim.now_s
 
+    # -- pool membership and the load index --------------------------------------------------
+    def add(self, inst: PrefillInstance | DecodeInstance) -> None:
+        if isinstance(inst, PrefillInstance):
+            self._prefill.setdefault(inst.cluster, []).append(inst)
+            role: Role = "prefill"
+        else:
+            self._decode.setdefault(inst.cluster, []).append(inst)
+            role = "decode"
+        if self._limit is not None:
+            self._index.setdefault((inst.cluster, role), LoadIndex()).set(
+                inst.instance_id, inst.order_key())
+
+    def remove(self, inst: PrefillInstance | DecodeInstance) -> None:
+        if isinstance(inst, PrefillInstance):
+            self._prefill[inst.cluster].remove(inst)
+            role: Role = "prefill"
+        else:
+            self._decode[inst.cluster].remove(inst)
+            role = "decode"
+        index = self._index.get((inst.cluster, role))
+        if index is not None:
+            index.remove(inst.instance_id)
+
+    def touch_prefill(self, p: PrefillInstance) -> None:
+        index = self._index.get((p.cluster, "prefill"))
+        if index is not None and p.instance_id in index:
+            index.set(p.instance_id, p.order_key())
+
+    def touch_decode(self, d: DecodeInstance) -> None:
+        index = self._index.get((d.cluster, "decode"))
+        if index is not None and d.instance_id in index:
+            index.set(d.instance_id, d.order_key())
+
+    # -- ClusterView -------------------------------------------------------------------------
     def instances(self, cluster: str | None = None, role: Role | None = None
                   ) -> Sequence[InstanceLoad]:
         now = self._sim.now_s
         out: list[InstanceLoad] = []
+        limit = self._limit
         if role in (None, "prefill"):
             for c, pool in self._prefill.items():
                 if cluster in (None, c):
-                    chosen = pool if self._limit is None or len(pool) <= self._limit else \
-                        heapq.nsmallest(self._limit, pool,
-                                        key=lambda p: (p.drain_s(now), p.instance_id))
-                    out.extend(p.load(now) for p in chosen)
+                    if limit is not None and len(pool) > limit:
+                        by_id = self._sim.prefill_by_id
+                        pool = [by_id[i] for i in self._index[(c, "prefill")].smallest(limit)]
+                    out.extend(p.load(now) for p in pool)
         if role in (None, "decode"):
             for c, dpool in self._decode.items():
                 if cluster in (None, c):
-                    dchosen = dpool if self._limit is None or len(dpool) <= self._limit else \
-                        heapq.nsmallest(self._limit, dpool, key=lambda d: (
-                            -d.free_slots(), d.batch + len(d.waiting) + d.inflight,
-                            d.instance_id))
-                    out.extend(d.load(now) for d in dchosen)
+                    if limit is not None and len(dpool) > limit:
+                        by_did = self._sim.decode_by_id
+                        dpool = [by_did[i] for i in self._index[(c, "decode")].smallest(limit)]
+                    out.extend(d.load(now) for d in dpool)
         return out
 
     def link(self) -> LinkStatus:
