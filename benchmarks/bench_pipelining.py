@@ -4,9 +4,9 @@ For each engine layer pattern: measure the standalone prefill time T and the KV 
 token-bucket rate R = B / T (transfer time ≈ prefill time), then alternate two modes on one
 persistent 4-connection link to a receiver in a child process:
   - after:     prefill (hook only collects arrays), then send every layer, then END;
-  - pipelined: prefill in a worker thread (torch releases the GIL); its per-layer hook hands
-               the arrays to the event loop (call_soon_threadsafe), which sends layer i while
-               layer i+1 computes.
+  - pipelined: `transport.stream_prefill`: prefill in a worker thread (torch releases the
+               GIL); its per-layer hook hands the arrays to the event loop
+               (call_soon_threadsafe), which sends layer i while layer i+1 computes.
 Reported per mode: time from prefill start to the receiver's "all KV received" (monotonic
 clock, shared by both processes on Linux) over T (standalone median) and over the prefill time
 of that same run; content checked by crc32 digest. An ideal-link model (serial link at R, layer
@@ -36,7 +36,7 @@ from prfaas.core.units import bytes_per_s_to_gbps
 from prfaas.engine import Engine, EngineConfig
 from prfaas.engine.kv import LayerKV
 from prfaas.engine.wire_adapter import layer_kv_to_arrays
-from prfaas.transport import KVSender, SenderConfig
+from prfaas.transport import KVSender, LayerSink, SenderConfig, stream_prefill
 from prfaas.transport.process import ReceiverProcess, digest_arrays
 from prfaas.transport.wire import HEADER_BYTES
 
@@ -92,34 +92,30 @@ def ideal_finish_s(ready_s: list[float], sizes: list[int], rate: float, pipeline
 
 async def run_mode(engine: Engine, ids: list[int], tx: KVSender, rx: ReceiverProcess, rid: int,
                    pipelined: bool, rate: float) -> dict[str, float]:
+    """One prefill + transfer. Pipelined goes through `stream_prefill` (the library's bridge
+    from the compute thread's hook to the sender); "after" sends once the prefill returned."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Layer] = asyncio.Queue()
-    sent: list[tuple[int, str, np.ndarray]] = []
-    layers: list[Layer] = []
+    layers: list[Layer] = []  # appended from the prefill thread, read after it returned
 
-    def hook(kv: LayerKV) -> None:  # prefill thread: never touch the loop's objects directly
-        loop.call_soon_threadsafe(queue.put_nowait,
-                                  (kv.layer_index, kv.kind, layer_kv_to_arrays(kv)))
+    def compute(sink: LayerSink) -> tuple[float, list[float]]:
+        def hook(kv: LayerKV) -> None:
+            layers.append((kv.layer_index, kv.kind, layer_kv_to_arrays(kv)))
+            sink(*layers[-1])
 
-    async def send(layer: Layer) -> None:
-        layers.append(layer)
-        for name, array in layer[2]:
-            await tx.send_array(rid, layer[0], layer[1], name, array)
-            sent.append((layer[0], name, array))
+        return _prefill(engine, ids, hook)
 
     rx.expect(rid, timeout_s=600)
     start_s = time.monotonic()
-    prefill = loop.run_in_executor(None, _prefill, engine, ids, hook)
-    num_layers = engine.config.num_layers
     if pipelined:
-        for _ in range(num_layers):
-            await send(await queue.get())
-    prefill_end_s, ready = await prefill
-    if not pipelined:
-        for _ in range(num_layers):
-            await send(await queue.get())
-    await tx.finish(rid)
+        prefill_end_s, ready = await stream_prefill(tx, rid, compute)
+    else:
+        prefill_end_s, ready = await loop.run_in_executor(None, compute, lambda *_: None)
+        for layer, kind, arrays in layers:
+            for name, array in arrays:
+                await tx.send_array(rid, layer, kind, name, array)
+        await tx.finish(rid)
     done = await loop.run_in_executor(None, rx.result, 600.0)
+    sent = [(layer, name, a) for layer, _kind, arrays in layers for name, a in arrays]
     if done.digest != digest_arrays(sent):
         raise SystemExit(f"request {rid}: received KV differs from the engine's")
     prefill_s = prefill_end_s - start_s
@@ -210,6 +206,11 @@ def main() -> None:
                 "pipelined_total_over_prefill": r["pipelined"]["total_over_prefill"],
                 "after_total_over_prefill": r["after"]["total_over_prefill"],
                 "pipelined_ideal_link_over_prefill": r["pipelined"]["ideal_over_prefill"],
+                # Concurrent sending competes for the shared cores and slows the prefill itself;
+                # over the standalone prefill time that cost is charged too.
+                "pipelined_total_over_standalone_prefill": r["pipelined"][
+                    "total_over_standalone_prefill"],
+                "after_total_over_standalone_prefill": r["after"]["total_over_standalone_prefill"],
                 "transfer_over_prefill_median": r["pipelined"]["transfer_over_prefill"],
                 "pipelined_when_transfer_within_20pct": r["pipelined"][
                     "total_over_prefill_in_those_runs"],
@@ -220,7 +221,8 @@ def main() -> None:
         },
         "results": results,
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-                 "platform": platform.platform(), "note": "2 cores shared with other jobs"},
+                 "platform": platform.platform(), "loadavg_1_5_15_at_end": os.getloadavg(),
+                 "note": "2 cores shared with other jobs"},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     RESULT.parent.mkdir(parents=True, exist_ok=True)

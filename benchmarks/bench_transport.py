@@ -163,7 +163,8 @@ def write(shaped: list[dict[str, Any]], unshaped: list[dict[str, Any]],
         "unshaped_loopback": unshaped,
         "plain_socket_baseline": plain,
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-                 "platform": platform.platform(), "note": "2 cores shared with other jobs; "
+                 "platform": platform.platform(), "loadavg_1_5_15_at_end": os.getloadavg(),
+                 "note": "2 cores shared with other jobs; "
                  "absolute rates are noisy, compare ratios within this run"},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
