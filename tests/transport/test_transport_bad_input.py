@@ -50,7 +50,7 @@ def _header(**over: object) -> bytes:
         payload_crc=zlib.crc32(PAYLOAD),
     )
     fields.update(over)
-    return encode_header(FrameHeader(**fields))  # type: ignore[arg-type]
+    return encode_header(FrameHeader(**fields))  # type: ignore[arg-type,unused-ignore]
 
 
 def _corrupt_payload() -> bytes:

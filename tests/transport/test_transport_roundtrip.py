@@ -89,7 +89,7 @@ def test_shaped_link_respects_the_rate_and_monitor_sees_it() -> None:
                 elapsed_s = time.monotonic() - start_s
         ideal_s = payload.nbytes / 20e6
         assert elapsed_s >= 0.9 * ideal_s  # the shaper never lets it go faster
-        assert elapsed_s <= 3.0 * ideal_s
+        assert elapsed_s <= 5.0 * ideal_s  # loose: CI machines are shared
         sample = monitor.sample()
         assert sample.total_sent_bytes >= payload.nbytes and sample.pending_bytes == 0
         # Everything was sent within the 5 s window, so the window holds every byte.
@@ -159,3 +159,27 @@ def test_sender_sees_receiver_vanish_mid_transfer() -> None:
                 await tx.finish(10)
 
     run(body(), timeout_s=30)
+
+
+def test_receiver_lands_tensors_in_caller_memory() -> None:
+    pool = [np.zeros(4000, np.uint8), np.zeros(4000, np.uint8)]
+    handed: list[np.ndarray] = []
+
+    def allocate(nbytes: int) -> np.ndarray:
+        handed.append(pool[len(handed)][:nbytes])
+        return handed[-1]
+
+    async def body() -> None:
+        async with KVReceiver(allocate=allocate) as rx, KVSender("127.0.0.1", rx.port) as tx:
+            for layer in range(2):
+                await tx.send_array(1, layer, "gqa", "k", np.full(1000, layer + 1, np.float32))
+            await tx.finish(1)
+            kv = await rx.wait_request(1, timeout_s=5)
+        # Each tensor is a view of one pool buffer (no copy out); which one depends on which
+        # tensor's first chunk won the race across connections.
+        owners = [[np.shares_memory(kv.layers[layer]["k"], buf) for buf in pool]
+                  for layer in range(2)]
+        assert sorted(map(tuple, owners)) == [(False, True), (True, False)]
+        assert sorted(float(buf.view(np.float32)[999]) for buf in pool) == [1.0, 2.0]
+
+    run(body())

@@ -36,7 +36,7 @@ def _header(**over: object) -> FrameHeader:
         payload_crc=0xDEADBEEF,
     )
     fields.update(over)
-    return FrameHeader(**fields)  # type: ignore[arg-type]
+    return FrameHeader(**fields)  # type: ignore[arg-type,unused-ignore]
 
 
 def _reseal(raw: bytes) -> bytes:

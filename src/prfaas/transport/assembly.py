@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,9 +44,15 @@ class _Tensor:
         return self.buf.view(numpy_dtype(self.header.dtype)).reshape(self.header.shape)
 
 
+def fresh_buffer(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
 @dataclass(slots=True)
 class Assembly:
     request_id: int
+    # Where a tensor's bytes land: a decode worker can hand out memory of its own KV pool.
+    allocate: Callable[[int], np.ndarray] = fresh_buffer
     tensors: dict[tuple[int, str], _Tensor] = field(default_factory=dict)
     ends: dict[int, EndInfo] = field(default_factory=dict)
     received_bytes: int = 0
@@ -65,7 +72,7 @@ class Assembly:
         key = (h.layer, h.name)
         t = self.tensors.get(key)
         if t is None:
-            t = self.tensors[key] = _Tensor(h, np.empty(h.total_bytes, dtype=np.uint8))
+            t = self.tensors[key] = _Tensor(h, self._buffer(h.total_bytes))
         elif (t.header.shape, t.header.dtype, t.header.kind) != (h.shape, h.dtype, h.kind):
             raise BadShape(f"request {self.request_id} layer {h.layer} {h.name!r}: chunk says "
                            f"shape={h.shape} {h.dtype.name}, first chunk said "
@@ -75,6 +82,14 @@ class Assembly:
                            f"total_bytes={h.total_bytes} received (duplicate chunk)")
         view: memoryview = t.buf[h.chunk_offset : h.chunk_offset + h.chunk_bytes].data
         return view
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        buf = self.allocate(nbytes)
+        if (buf.dtype != np.uint8 or buf.shape != (nbytes,) or not buf.flags.c_contiguous
+                or not buf.flags.writeable):
+            raise TransportError(f"allocate({nbytes}) returned {buf.dtype}{list(buf.shape)}; "
+                                 f"need a writable contiguous uint8[{nbytes}]")
+        return buf
 
     def chunk_done(self, h: FrameHeader) -> np.ndarray | None:
         """Count a received chunk; returns the tensor when its last byte has arrived."""

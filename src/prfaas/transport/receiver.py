@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prfaas.core.errors import ConfigError, TransportError
-from prfaas.transport.assembly import Assembly, ReceivedKV
+from prfaas.transport.assembly import Assembly, ReceivedKV, fresh_buffer
 from prfaas.transport.errors import ChecksumMismatch, PeerAborted, PeerGone, ShortRead
 from prfaas.transport.sockio import recv_exactly, translate, tune, with_timeout
 from prfaas.transport.wire import (
@@ -75,9 +75,13 @@ class ReceiverStats:
 
 class KVReceiver:
     def __init__(self, config: ReceiverConfig | None = None,
-                 on_tensor: TensorCallback | None = None) -> None:
+                 on_tensor: TensorCallback | None = None,
+                 allocate: Callable[[int], np.ndarray] = fresh_buffer) -> None:
+        """`allocate(nbytes)` returns the uint8 buffer a tensor is received into (default: a
+        fresh numpy array); a decode worker can pass one that draws on its KV pool."""
         self.config = config or ReceiverConfig()
         self.on_tensor = on_tensor
+        self.allocate = allocate
         self.stats = ReceiverStats()
         self.errors: list[TransportError] = []  # every connection-closing error, in order
         self._listener: socket.socket | None = None
@@ -143,7 +147,10 @@ class KVReceiver:
     def _assembly(self, request_id: int) -> Assembly | None:
         if request_id in self._retired_set:
             return None
-        return self._assemblies.setdefault(request_id, Assembly(request_id))
+        asm = self._assemblies.get(request_id)
+        if asm is None:
+            asm = self._assemblies[request_id] = Assembly(request_id, self.allocate)
+        return asm
 
     def _retire(self, request_id: int) -> None:
         self._assemblies.pop(request_id, None)
