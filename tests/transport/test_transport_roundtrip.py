@@ -17,6 +17,7 @@ from prfaas.transport import (
     PeerAborted,
     PeerGone,
     SenderConfig,
+    TokenBucket,
     TransferTimeout,
 )
 
@@ -183,3 +184,22 @@ def test_receiver_lands_tensors_in_caller_memory() -> None:
         assert sorted(float(buf.view(np.float32)[999]) for buf in pool) == [1.0, 2.0]
 
     run(body())
+
+
+def test_two_senders_on_one_bucket_share_the_link_rate() -> None:
+    async def body() -> float:
+        bucket = TokenBucket(rate_gbps=0.16, burst_bytes=64 << 10)  # 20 MB/s for both
+        async with KVReceiver() as rx:
+            cfg = SenderConfig(num_connections=2, chunk_bytes=64 << 10)
+            async with (KVSender("127.0.0.1", rx.port, cfg, bucket=bucket) as a,
+                        KVSender("127.0.0.1", rx.port, cfg, bucket=bucket) as b):
+                start_s = time.monotonic()
+                for rid, tx in ((1, a), (2, b)):
+                    await tx.send_array(rid, 0, "gqa", "k", np.ones(2 << 20, np.uint8))
+                await asyncio.gather(a.finish(1), b.finish(2))
+                await rx.wait_request(1, timeout_s=10)
+                await rx.wait_request(2, timeout_s=10)
+                return time.monotonic() - start_s
+
+    elapsed_s = asyncio.run(asyncio.wait_for(body(), 20))
+    assert elapsed_s >= 0.9 * (4 << 20) / 20e6  # together, not each, at the link rate

@@ -91,12 +91,15 @@ class SenderStats:
 
 class KVSender:
     def __init__(self, host: str, port: int, config: SenderConfig | None = None,
-                 monitor: LinkMonitor | None = None) -> None:
+                 monitor: LinkMonitor | None = None, bucket: TokenBucket | None = None) -> None:
+        """`bucket` shares one shaped link among several senders (e.g. one per decode node
+        behind the same inter-DC link); without it, `config.rate_gbps` shapes this sender."""
         self.host, self.port = host, port
         self.config = config or SenderConfig()
         self.monitor = monitor
-        self._bucket = (TokenBucket(self.config.rate_gbps, self.config.burst_bytes)
-                        if self.config.rate_gbps else None)
+        if bucket is None and self.config.rate_gbps is not None:
+            bucket = TokenBucket(self.config.rate_gbps, self.config.burst_bytes)
+        self._bucket = bucket
         self._streams: list[_Stream] = []
         self._requests: dict[int, _Request] = {}
         self._inflight_bytes = 0
