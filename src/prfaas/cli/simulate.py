@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from prfaas.cli.common import console, dumps, echo_json
+from prfaas.policy.rebalancer import RebalancerConfig
 from prfaas.scenario import load_scenario
 from prfaas.sim.link import LinkSchedule
 from prfaas.sim.metrics import per_request_rows
@@ -81,13 +82,17 @@ def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int
               help="YAML/JSON list of [start_s, gbps]: the link's capacity over time.")
 @click.option("--ttft-slo", type=float, default=None,
               help="Reject requests whose predicted TTFT exceeds this (seconds).")
+@click.option("--rebalance", is_flag=True,
+              help="Move PD instances between prefill and decode roles (Eq. 8) when the "
+              "imbalance persists; JSON gets role_changes and final_split.")
 def command(scenario_name: str, system: str, threshold: int | None, n_p: int | None,
             n_d: int | None, link_gbps: float | None, no_pipeline: bool, prefill_order: str,
             arrivals: str, seed: int, rate: float | None, duration: float | None,
             requests: int | None, trace: str | None, as_json: bool, out_dir: str | None,
             policy: str | None = None, cache_scope: str | None = None,
             cache_capacity: str | None = None, snapshot_policy: str = "every_block",
-            link_schedule: str | None = None, ttft_slo: float | None = None) -> None:
+            link_schedule: str | None = None, ttft_slo: float | None = None,
+            rebalance: bool = False) -> None:
     """Simulate SYSTEM under a synthetic or trace workload; report TTFT, TPOT, egress."""
     scenario, cfg = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
                                 no_pipeline, prefill_order)
@@ -99,6 +104,7 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
                               duration_s=duration, requests=requests,
                               arrivals=arrivals, trace=trace, seed=seed)
     sim: Any
+    roles = RebalancerConfig() if rebalance else None
     if policy or cache_scope or cache_capacity or link_schedule or ttft_slo is not None:
         from prfaas.sim.policy_run import run_from_flags
 
@@ -107,9 +113,9 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             cache_capacity=cache_capacity, link_schedule=link_schedule,
             snapshot_policy=snapshot_policy, ttft_slo_s=ttft_slo, threshold=threshold,
             n_p=n_p, n_d=n_d, link_gbps=link_gbps, no_pipeline=no_pipeline,
-            prefill_order=prefill_order)
+            prefill_order=prefill_order, rebalance=roles)
     else:
-        sim, summary = simulate(cfg, workload)
+        sim, summary = simulate(cfg, workload, rebalance=roles)
     summary["arrivals"] = arrivals if trace is None else "trace"
     summary["seed"] = seed
     if out_dir:

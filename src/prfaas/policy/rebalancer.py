@@ -6,8 +6,9 @@ for given lengths, t and counts) and calls `observe(now_s, rates, view)`. The ra
 r = (Θprfaas + Θpd-p) / Θpd-d is "prefill-bound" when r < 1 - tolerance and "decode-bound" when
 r > 1 + tolerance. A `RoleChange` is returned only when:
 - the same imbalance has lasted `persist_s` without interruption (a burst does not move roles),
-  counting only while moving one instance would bring r closer to 1 in log terms (no
-  flip-flop around the optimum);
+  counting only while moving one instance would raise the bottleneck capacity
+  min(Θprfaas + Θpd-p, Θpd-d) by at least `min_gain` (no flip-flop around the optimum, where
+  one move only swaps which side is short);
 - `cooldown_s` has passed since the last change (the previous move has taken effect);
 - each PD role keeps at least `min_per_role` instances.
 The instance moved is the cheapest to drain: for decode -> prefill the decoder with the fewest
@@ -37,9 +38,10 @@ class RebalancerConfig:
     min_per_role: int = 1
     decode_drain_s: float = 30.0
     switch_s: float = 5.0  # fixed cost of a role change (reload, warm-up)
+    min_gain: float = 0.02  # a move must raise min(prefill, decode capacity) by this fraction
 
     def __post_init__(self) -> None:
-        for name in ("persist_s", "cooldown_s", "decode_drain_s", "switch_s"):
+        for name in ("persist_s", "cooldown_s", "decode_drain_s", "switch_s", "min_gain"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, getattr(self, name), "must be >= 0")
         if not 0 <= self.tolerance < 1:
@@ -113,13 +115,17 @@ class Rebalancer:
             self.changes.append(change)
         return change
 
-    @staticmethod
-    def _improves(ratio: float, rates: StageRates, direction: int) -> bool:
-        prefill = rates.theta_prfaas_rps + rates.theta_pd_p_rps - direction * rates.per_prefill_rps
+    def _improves(self, ratio: float, rates: StageRates, direction: int) -> bool:
+        prefill_now = rates.theta_prfaas_rps + rates.theta_pd_p_rps
+        prefill = prefill_now - direction * rates.per_prefill_rps
         decode = rates.theta_pd_d_rps + direction * rates.per_decode_rps
         if prefill <= 0 or decode <= 0:
             return False
-        return abs(math.log(prefill / decode)) < abs(math.log(max(ratio, 1e-12)))
+        # the bottleneck stage's capacity must rise by min_gain: a move that merely trades one
+        # bottleneck for an equal one (r = 0.83 <-> 1.22 in the case study) would flip-flop
+        # on measurement noise
+        now = min(prefill_now, rates.theta_pd_d_rps)
+        return min(prefill, decode) > now * (1 + self.config.min_gain)
 
     def _pick(self, now_s: float, ratio: float, direction: int, view: ClusterView
               ) -> RoleChange | None:

@@ -131,6 +131,10 @@ class DecodeInstance:
             self.slot_s += dt * len(self._running)
         self._last_s = now_s
 
+    def slot_s_at(self, now_s: float) -> float:
+        """`slot_s` brought up to `now_s` without moving the clocks (a read-only probe)."""
+        return self.slot_s + max(now_s - self._last_s, 0.0) * len(self._running)
+
     def has_slot(self) -> bool:
         return len(self._running) < self.bs_max
 

@@ -8,16 +8,20 @@
 - egress_gbps: inter-cluster bytes per 1 s window; each transfer's bytes are spread evenly from
   when it joined the link to when it completed (a pipelined transfer is paced by its prefill,
   so this is what the link carries when it is not saturated).
+- utilization: busy time / instance-seconds in the role (a rebalanced instance counts in each
+  role only while it held it).
 - queue_growth: mean number of requests in the system seen by arrivals in the last quarter of
   the run minus the same in the second quarter (> 0 when a queue keeps growing).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from prfaas.sim.instances import DecodeInstance, PrefillInstance
 from prfaas.sim.link import BYTES_PER_GBPS
 from prfaas.sim.simulator import Simulator
 
@@ -60,6 +64,14 @@ def egress_windows(sim: Simulator, window_s: float = 1.0) -> FloatArray:
     return np.diff(sent) / window_s / BYTES_PER_GBPS
 
 
+def _role_s(pool: Sequence[PrefillInstance | DecodeInstance], end_s: float) -> float:
+    """Instance-seconds the pool served in its role (instances the rebalancer moved count
+    only while they held the role)."""
+    if all(i.start_s == 0.0 and i.end_s is None for i in pool):
+        return len(pool) * end_s  # no role changes: the plain figure, bit for bit
+    return sum((end_s if i.end_s is None else i.end_s) - i.start_s for i in pool)
+
+
 def summarize(sim: Simulator) -> dict[str, Any]:
     log = sim.log
     arrival = np.asarray(log.arrival_s)
@@ -77,11 +89,13 @@ def summarize(sim: Simulator) -> dict[str, Any]:
     tpot = (finish - ready) / np.maximum(outputs - 1, 1)
     egress = egress_windows(sim)
     busy_end = max(sim.now_s, 1e-9)
-    prefill_util = {c: round(sum(p.busy_s for p in pool) / (len(pool) * busy_end), 4)
+    prefill_util = {c: round(sum(p.busy_s for p in pool) / _role_s(pool, busy_end), 4)
                     for c, pool in (("prfaas_prefill", sim.remote), ("pd_prefill", sim.local))
                     if pool}
-    decode_util = sum(d.slot_s for d in sim.decoders) / (
-        sum(d.bs_max for d in sim.decoders) * busy_end)
+    decode_slots_s = sum(d.bs_max for d in sim.decoders) * busy_end \
+        if len(sim.decoders) * busy_end == _role_s(sim.decoders, busy_end) \
+        else sim.decoders[0].bs_max * _role_s(sim.decoders, busy_end)
+    decode_util = sum(d.slot_s for d in sim.decoders) / decode_slots_s
     seen = np.asarray(sim.in_system_at_arrival, dtype=float)
     quarter = seen.size // 4
     growth = float(seen[3 * quarter:].mean() - seen[quarter:2 * quarter].mean()) \

@@ -5,7 +5,8 @@ benchmark call: it builds the system from the scenario (planner optimum, then ov
 router from the policy registry (with the planner inputs a controlled router needs, and optional
 TTFT-SLO admission), the prefix cache (`sim.caching`), runs a `Simulator` with the `CachePlugin`
 and returns the summary with the cache keys (`prefix_hit_fraction`, `ideal_prefix_hit_fraction`,
-`threshold_tokens` {mean, min, max}), `rejected`, and the controller's t over time when present.
+`threshold_tokens` {mean, min, max}), `rejected`, the controller's t over time when present, and
+with `rebalance` the role changes (sim/roles.py).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import yaml
 from prfaas.core.errors import ConfigError
 from prfaas.planner.search import inputs_from_scenario
 from prfaas.policy.base import make_router
+from prfaas.policy.rebalancer import RebalancerConfig
 from prfaas.scenario import Scenario
 from prfaas.sim.caching import CachePlugin, SimPrefixCache, cache_metrics
 from prfaas.sim.link import LinkSchedule
 from prfaas.sim.metrics import summarize
+from prfaas.sim.roles import RebalancePlugin
 from prfaas.sim.simulator import Simulator
 from prfaas.sim.system import SystemConfig, build_system
 from prfaas.workload.requests import Workload
@@ -79,7 +82,8 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
                cache_capacity: int | None = None, snapshot_policy: str = "every_block",
                link: LinkSchedule | None = None, ttft_slo_s: float | None = None,
                controller: dict[str, Any] | None = None, router_args: dict[str, Any] | None
-               = None, **overrides: Any) -> tuple[Simulator, dict[str, Any]]:
+               = None, rebalance: RebalancerConfig | None = None, **overrides: Any
+               ) -> tuple[Simulator, dict[str, Any]]:
     if link is not None:
         overrides["link"] = link
     cfg = build_system(s, system, threshold_tokens=threshold_tokens, **overrides)
@@ -93,12 +97,15 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
     router = make_router(name, threshold_tokens=t0, ttft_slo_s=ttft_slo_s, **kwargs)
     cfg = replace(cfg, router=name)
     plugin = CachePlugin(None, workload)
-    sim = Simulator(cfg, workload, router, plugins=[plugin])
+    roles = RebalancePlugin(rebalance) if rebalance is not None else None
+    sim = Simulator(cfg, workload, router, plugins=[plugin, roles] if roles else [plugin])
     plugin.cache = build_cache(cfg, workload, [(p.instance_id, p.cluster) for p in sim.prefills],
                                cache_scope, cache_capacity, snapshot_policy)
     sim.run()
     summary = summarize(sim)
     summary.update(cache_metrics(sim, plugin, workload))
+    if roles is not None:
+        summary.update(roles.summary())
     summary["policy"] = router.name
     summary["config"] = {**cfg.describe(), "cache_capacity_bytes": cache_capacity,
                          "snapshot_policy": snapshot_policy, "ttft_slo_s": ttft_slo_s}
@@ -126,7 +133,8 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                    link_schedule: str | None, snapshot_policy: str,
                    ttft_slo_s: float | None, threshold: int | None, n_p: int | None,
                    n_d: int | None, link_gbps: float | None, no_pipeline: bool,
-                   prefill_order: str) -> tuple[Simulator, dict[str, Any]]:
+                   prefill_order: str, rebalance: RebalancerConfig | None = None
+                   ) -> tuple[Simulator, dict[str, Any]]:
     """`prfaas simulate` with the policy/cache/link-schedule flags; adds `sim_wall_s`."""
     import time
 
@@ -142,6 +150,6 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                               cache_scope=cache_scope,
                               cache_capacity=parse_capacity(cache_capacity),
                               snapshot_policy=snapshot_policy, link=link, ttft_slo_s=ttft_slo_s,
-                              **overrides)
+                              rebalance=rebalance, **overrides)
     summary["sim_wall_s"] = round(time.perf_counter() - started, 4)
     return sim, summary

@@ -7,7 +7,9 @@ from typing import Any
 
 from prfaas.core.errors import ConfigError
 from prfaas.policy.base import Router
+from prfaas.policy.rebalancer import RebalancerConfig
 from prfaas.sim.metrics import summarize
+from prfaas.sim.roles import RebalancePlugin
 from prfaas.sim.simulator import Simulator
 from prfaas.sim.system import SystemConfig
 from prfaas.workload.arrivals import check_rate, make_arrivals
@@ -17,13 +19,19 @@ from prfaas.workload.traces import load_trace
 
 
 def simulate(cfg: SystemConfig, workload: Workload, router: Router | None = None,
-             candidate_limit: int | None = None) -> tuple[Simulator, dict[str, Any]]:
+             candidate_limit: int | None = None, rebalance: RebalancerConfig | None = None
+             ) -> tuple[Simulator, dict[str, Any]]:
     """Run to completion; the summary gets `sim_wall_s` (the event loop only) and the resolved
-    configuration under `config`."""
+    configuration under `config`. With `rebalance`, PD instances change roles (sim/roles.py)
+    and the summary gets `role_changes` and `final_split`."""
+    roles = RebalancePlugin(rebalance) if rebalance is not None else None
     started = time.perf_counter()
-    sim = Simulator(cfg, workload, router, candidate_limit=candidate_limit).run()
+    sim = Simulator(cfg, workload, router, plugins=[roles] if roles else (),
+                    candidate_limit=candidate_limit).run()
     wall_s = time.perf_counter() - started
     summary = summarize(sim)
+    if roles is not None:
+        summary.update(roles.summary())
     summary["sim_wall_s"] = round(wall_s, 4)
     summary["config"] = cfg.describe()
     summary["workload"] = workload.source

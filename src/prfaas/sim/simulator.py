@@ -131,11 +131,16 @@ class Simulator:
                     self._on_callback)
         heap = self._heap
         pop = heapq.heappop
+        last_s = 0.0
         while heap:
             time_s, kind, _, a, b = pop(heap)
             self.now_s = time_s
             self.events += 1
             handlers[kind](a, b)
+            if kind != CALLBACK:
+                last_s = time_s
+        # a plugin's trailing timer (e.g. the rebalancer's last tick) does not stretch the run
+        self.now_s = last_s
         return self
 
     # -- instances joining and leaving roles (the rebalancer) --------------------------------
