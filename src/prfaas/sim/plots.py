@@ -32,20 +32,29 @@ def ttft_cdf(ttfts: dict[str, FloatArray], title: str, path: Path) -> Path:
     return path
 
 
-def throughput_vs_offered(results: dict[str, CapacityResult], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 4))
+def load_sweep(sweep: dict[str, list[dict[str, float]]], capacity: dict[str, CapacityResult],
+               path: Path) -> Path:
+    """Two panels over one grid of offered loads: throughput (saturating at each system's
+    capacity) and P90 TTFT (the knee where queues start to build)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     top = 0.0
-    for name, res in results.items():
-        probes = sorted(res.probes, key=lambda p: p.rate_rps)
-        x = [p.rate_rps for p in probes]
-        ax.plot(x, [p.throughput_rps for p in probes], marker="o", label=name)
+    for name, rows in sweep.items():
+        x = [r["offered_rps"] for r in rows]
+        line, = left.plot(x, [r["throughput_rps"] for r in rows], marker="o", label=name)
+        right.plot(x, [r["ttft_p90_s"] for r in rows], marker="o", label=name)
+        left.axhline(capacity[name].max_rps, color=line.get_color(), linestyle="--", lw=0.8)
         top = max(top, *x)
-    ax.plot([0, top], [0, top], color="grey", linestyle=":", label="throughput = offered")
-    ax.set_xlabel("offered load (req/s)")
-    ax.set_ylabel("throughput (req/s)")
-    ax.set_title("Throughput vs offered load (capacity-search probes, uniform arrivals)")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    left.plot([0, top], [0, top], color="grey", linestyle=":", label="throughput = offered")
+    left.set_xlabel("offered load (req/s)")
+    left.set_ylabel("throughput (req/s)")
+    left.set_title("Throughput vs offered load (dashed: capacity)")
+    right.set_xlabel("offered load (req/s)")
+    right.set_ylabel("P90 TTFT (s)")
+    right.set_yscale("log")
+    right.set_title("P90 TTFT vs offered load (uniform arrivals)")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

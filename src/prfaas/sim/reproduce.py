@@ -28,7 +28,9 @@ from prfaas.workload.requests import synthetic
 
 LOAD_SHARE = 0.9
 REQUESTS = 4000
-STEPS = 3 + 3 * len(SYSTEMS) + 1  # plans(2) + capacities + two TTFT runs each + plots (+1)
+SWEEP_SHARES = (0.4, 0.6, 0.8, 0.9, 1.0, 1.1, 1.25)  # x the largest capacity
+SWEEP_REQUESTS = 1500
+STEPS = 3 + 4 * len(SYSTEMS) + 1  # plans(2) + capacities + two TTFT runs + sweep each + plots
 
 
 def reproduce(s: Scenario, out_dir: Path, tick: Callable[[str], None] = lambda _: None
@@ -64,10 +66,11 @@ def reproduce(s: Scenario, out_dir: Path, tick: Callable[[str], None] = lambda _
                 egress = egress_windows(sim)
             tick(f"TTFT of {name} at {rate} req/s")
         runs[name] = entry
+    sweep = _load_sweep(s, configs, max(c.max_rps for c in capacity.values()), tick)
     paths = [
         plots.ttft_cdf(ttft_common, f"TTFT at {common_rps} req/s (uniform arrivals)",
                        out_dir / "ttft_cdf.png"),
-        plots.throughput_vs_offered(capacity, out_dir / "throughput_vs_offered.png"),
+        plots.load_sweep(sweep, capacity, out_dir / "throughput_vs_offered.png"),
         plots.egress_over_time(egress, configs["prfaas_pd"].link.gbps[0],
                                "PrfaaS-PD egress at 90% of its capacity",
                                out_dir / "egress_over_time.png"),
@@ -79,5 +82,24 @@ def reproduce(s: Scenario, out_dir: Path, tick: Callable[[str], None] = lambda _
         "planner": {mode: {n: p.systems[n].to_json() for n in SYSTEMS}
                     for mode, p in plans.items()},
         "capacity": {n: c.to_json() for n, c in capacity.items()},
-        "runs": runs, "plots": [p.name for p in paths], "reference": s.reference,
+        "runs": runs, "load_sweep": sweep, "plots": [p.name for p in paths],
+        "reference": s.reference,
     }
+
+
+def _load_sweep(s: Scenario, configs: dict[str, Any], top_rps: float,
+                tick: Callable[[str], None]) -> dict[str, list[dict[str, float]]]:
+    """Every system on one grid of offered loads (shares of the largest capacity)."""
+    uniform = make_arrivals("uniform")
+    sweep: dict[str, list[dict[str, float]]] = {}
+    for name in SYSTEMS:
+        rows = []
+        for share in SWEEP_SHARES:
+            rate = round(share * top_rps, 3)
+            workload = synthetic(s.lengths, s.output_tokens, uniform, rate, SWEEP_REQUESTS, seed=0)
+            _, summary = simulate(configs[name], workload)
+            rows.append({"offered_rps": rate, "throughput_rps": summary["throughput_rps"],
+                         "ttft_p90_s": summary["ttft_s"]["p90"]})
+        sweep[name] = rows
+        tick(f"load sweep of {name}")
+    return sweep
