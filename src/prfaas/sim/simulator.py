@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from prfaas.core.types import (
     PD_CLUSTER,
@@ -32,30 +31,13 @@ from prfaas.policy.base import Router, make_router
 from prfaas.sim.instances import DecodeInstance, PrefillInstance
 from prfaas.sim.link import BYTES_PER_GBPS, SharedLink
 from prfaas.sim.plugin import Placement, SimPlugin
+from prfaas.sim.request_log import RequestLog
 from prfaas.sim.system import SystemConfig
 from prfaas.sim.view import SimView
 from prfaas.workload.requests import Workload
 
 DECODE_DONE, LINK_DONE, KV_ARRIVE, PREFILL_DONE, LINK_CHANGE, ARRIVAL, CALLBACK = range(7)
 NO_CACHE: Mapping[str, int] = {}
-
-
-@dataclass
-class RequestLog:
-    """Per-request times (absolute seconds; nan where a stage never happened)."""
-
-    arrival_s: list[float]
-    input_tokens: list[int]
-    output_tokens: list[int]
-    remote: list[bool]
-    rejected: list[bool]
-    threshold_tokens: list[int]  # router's t when decided (-1: none)
-    prefill_start_s: list[float]
-    prefill_end_s: list[float]
-    kv_ready_s: list[float]  # = first token at the decoder (TTFT end)
-    finish_s: list[float]
-    kv_bytes: list[float]
-    flow_start_s: list[float]  # remote transfers: joined the link
 
 
 class Simulator:
