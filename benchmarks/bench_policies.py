@@ -169,8 +169,8 @@ def main() -> None:
     print(result["prefix_hits"], flush=True)
     result["policy_table"] = policy_table(base, seeds)
     result["link_fluctuation"] = fluctuation(seeds)
-    result["how"] = ("benchmarks/bench_policies.py: discrete-event simulator, CachedSimulator "
-                     "with cluster-scoped unlimited prefix pools for the table; seeds "
+    result["how"] = ("benchmarks/bench_policies.py: discrete-event simulator with the "
+                     "CachePlugin and cluster-scoped unlimited prefix pools for the table; seeds "
                      f"{list(seeds)}; wall {time.perf_counter() - started:.0f} s")
     if not quick:
         OUT.parent.mkdir(parents=True, exist_ok=True)
