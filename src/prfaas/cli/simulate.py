@@ -138,13 +138,28 @@ def write_outputs(folder: Path, summary: dict[str, Any], rows: list[dict[str, An
 
 
 def _print(s: dict[str, Any]) -> None:
-    t, tp = s["ttft_s"], s["tpot_s"]
-    console.print(f"[bold]{s['system']}[/bold]  {s['workload']}")
-    console.print(f"offered {s['offered_rps']} req/s, throughput {s['throughput_rps']} req/s, "
-                  f"completed {s['completed']}/{s['requests']}")
-    console.print(f"TTFT mean {t['mean']} s, P50 {t['p50']}, P90 {t['p90']}, P99 {t['p99']}")
-    console.print(f"TPOT mean {tp['mean']} s, P90 {tp['p90']}; offload "
-                  f"{s['offload_fraction']}; egress mean {s['egress_gbps']['mean']} Gbps, "
-                  f"P99 {s['egress_gbps']['p99']}")
-    console.print(f"utilization {s['utilization']}; queue {s['queue']}")
-    console.print(f"{s['events']:,} events in {s['sim_wall_s']} s wall")
+    from rich.table import Table
+
+    t, tp, eg = s["ttft_s"], s["tpot_s"], s["egress_gbps"]
+    table = Table(title=f"{s['system']}: {s['workload']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("offered / throughput", f"{s['offered_rps']:.3f} / {s['throughput_rps']:.3f} "
+                  f"req/s ({s['completed']:,} of {s['requests']:,} completed)")
+    table.add_row("TTFT mean / P50 / P90 / P99",
+                  f"{t['mean']:.2f} / {t['p50']:.2f} / {t['p90']:.2f} / {t['p99']:.2f} s")
+    table.add_row("TPOT mean / P90", f"{tp['mean'] * 1000:.1f} / {tp['p90'] * 1000:.1f} ms")
+    table.add_row("offload fraction", f"{s['offload_fraction']:.3f}")
+    table.add_row("egress mean / P99 (1 s windows)", f"{eg['mean']:.1f} / {eg['p99']:.1f} Gbps")
+    for key in ("prefix_hit_fraction", "ideal_prefix_hit_fraction", "rejected"):
+        if key in s:
+            table.add_row(key.replace("_", " "), f"{s[key]}")
+    th = s.get("threshold_tokens")
+    if isinstance(th, dict) and th.get("mean") is not None:
+        table.add_row("threshold t mean (min..max)",
+                      f"{th['mean']:,.0f} ({th['min']:,}..{th['max']:,}) tokens")
+    table.add_row("utilization", ", ".join(f"{k} {v:.2f}" for k, v in s["utilization"].items()))
+    table.add_row("in system mean / max", f"{s['queue']['in_system_mean']:.1f} / "
+                  f"{s['queue']['in_system_max']}")
+    table.add_row("simulator", f"{s['events']:,} events in {s['sim_wall_s']:.2f} s wall")
+    console.print(table)
