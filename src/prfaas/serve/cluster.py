@@ -4,9 +4,13 @@ Loads are the router's own bookkeeping of what it sent where (in-flight prefills
 predicted work, running decodes), which is exact for a single router and needs no polling.
 Prefill time is predicted from each worker's measured seconds per computed token (an EWMA the
 worker reports with every prefill; a prior until then); KV transfer time from the model's KV
-geometry and the topology's link rate. The link status comes from the router's LinkMonitor fed
-with the bytes each PrfaaS prefill reports having shipped. The clock is read here, never in the
-policy: `now_s` is a snapshot taken when the view is built.
+geometry and the topology's link rate. The link status is what the threshold controller and the
+cache-aware regime switch read: capacity = the topology's `link.rate_gbps` (the token bucket's
+rate), egress = the router's LinkMonitor over the last `LINK_WINDOW_S`, fed with the bytes each
+PrfaaS prefill reports having shipped, and pending = the predicted KV bytes of PrfaaS requests
+dispatched but not yet delivered. The PrfaaS queue is each worker's in-flight requests and
+their predicted prefill seconds. The clock is read here, never in the policy: `now_s` is a
+snapshot taken when the view is built.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from prfaas.transport import LinkMonitor
 
 PRIOR_SECONDS_PER_TOKEN = 2e-4  # until a worker has measured itself
 UNSHAPED_GBPS = 100.0  # what "no rate limit" on loopback is taken to mean for predictions
+LINK_WINDOW_S = 5.0  # egress averaging window: one controller period, smooths per-request bursts
 
 
 @dataclass(slots=True)
@@ -39,8 +44,7 @@ class LiveCluster:
         self.topology = topology
         self.geometry = geometry
         self.loads = {w.name: _Load(w) for w in topology.workers}
-        self.monitor = LinkMonitor()
-        self.pending_kv_bytes = 0.0
+        self.monitor = LinkMonitor(window_s=LINK_WINDOW_S)
         self._t0 = time.monotonic()
 
     def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
@@ -65,6 +69,15 @@ class LiveCluster:
     def shipped(self, worker: WorkerSpec, kv_bytes: int) -> None:
         if worker.role == "prfaas":
             self.monitor.record_sent(kv_bytes)
+
+    def kv_expected_bytes(self, worker: WorkerSpec, shipped_tokens: int) -> int:
+        """Predicted KV bytes a PrfaaS prefill will put on the link (0 for local prefill)."""
+        if worker.role != "prfaas":
+            return 0
+        return int(self.geometry.size_bytes(max(shipped_tokens, 1)))
+
+    def link_egress_gbps(self) -> float:
+        return self.monitor.egress_bytes_per_s() * 8 / 1e9
 
     def view(self) -> LiveView:
         return LiveView(self, time.monotonic() - self._t0)
@@ -97,9 +110,8 @@ class LiveView:
 
     def link(self) -> LinkStatus:
         rate = self._c.topology.link.rate_gbps or UNSHAPED_GBPS
-        return LinkStatus(capacity_gbps=rate,
-                          egress_gbps=self._c.monitor.egress_bytes_per_s() * 8 / 1e9,
-                          pending_bytes=self._c.pending_kv_bytes)
+        return LinkStatus(capacity_gbps=rate, egress_gbps=self._c.link_egress_gbps(),
+                          pending_bytes=float(self._c.monitor.pending_bytes))
 
     def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
         return self._c.prefill_time_s(instance_id, total_tokens, cached_tokens)

@@ -120,8 +120,10 @@ class Dispatcher:
         pre = self.topology.worker(decision.prefill_instance)
         dec = self.topology.worker(decision.decode_instance or "")
         work_s = self.cluster.prefill_time_s(pre.name, len(req.token_ids), decision.cached_tokens)
+        pending_bytes = self.cluster.kv_expected_bytes(pre, decision.uncached_tokens)
         self.cluster.start(pre.name, work_s)
         self.cluster.start(dec.name)
+        self.cluster.monitor.add_pending(pending_bytes)
         t = self.topology.timeouts
         body = {"request_id": rid, "token_ids": req.token_ids, "max_tokens": req.max_tokens,
                 "sampling": {"temperature": req.temperature, "top_p": req.top_p,
@@ -167,6 +169,7 @@ class Dispatcher:
                 prefill.cancel()
             self.cluster.finish(pre.name, work_s)
             self.cluster.finish(dec.name)
+            self.cluster.monitor.remove_pending(pending_bytes)
 
     async def _event(self, resp: aiohttp.ClientResponse, prefill: asyncio.Task[Any] | None,
                      timeout_s: float) -> dict[str, Any]:

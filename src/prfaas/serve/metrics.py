@@ -2,7 +2,8 @@
 
 Histograms: TTFT, TPOT, end-to-end latency and the router's own time per request. Counters:
 requests by route and outcome, KV bytes by link, retries, HTTP errors by status. Gauges: the
-policy's current threshold, in-flight requests per worker (queue depths).
+policy's current threshold, in-flight requests per worker (queue depths), the inter-DC link's
+measured egress and pending KV bytes (what the threshold controller reads).
 """
 
 from __future__ import annotations
@@ -85,11 +86,17 @@ class RouterMetrics:
                                  "gauge")
         self.inflight = Counter("prfaas_inflight_requests",
                                 "Requests in flight per worker (queue depth).", "gauge")
+        self.link_egress = Counter("prfaas_link_egress_gbps",
+                                   "Measured PrfaaS -> PD KV egress (sliding window).", "gauge")
+        self.link_pending = Counter("prfaas_link_pending_bytes",
+                                    "Predicted KV bytes of PrfaaS requests not yet delivered.",
+                                    "gauge")
 
     def render(self, refresh: Callable[[], None] | None = None) -> str:
         if refresh is not None:
             refresh()
         parts: list[Histogram | Counter] = [
             self.ttft, self.tpot, self.e2e, self.router_time, self.requests, self.kv_bytes,
-            self.cached_tokens, self.retries, self.errors, self.threshold, self.inflight]
+            self.cached_tokens, self.retries, self.errors, self.threshold, self.inflight,
+            self.link_egress, self.link_pending]
         return "\n".join(line for p in parts for line in p.render()) + "\n"

@@ -34,11 +34,17 @@ from prfaas.serve.openai_api import (
     load_json,
     parse,
 )
+from prfaas.serve.plan import live_plan_inputs
 from prfaas.serve.topology import Topology
 
 
 def build_policy(topology: Topology) -> Router:
-    return make_router(topology.policy, **topology.policy_args)
+    """The topology's policy; a `+controller` one gets the planner inputs built from the
+    topology's measured profile (serve/plan.py)."""
+    args = dict(topology.policy_args)
+    if topology.policy.endswith("+controller") and "plan_inputs" not in args:
+        args["plan_inputs"] = live_plan_inputs(topology)
+    return make_router(topology.policy, **args)
 
 
 class RouterService:
@@ -95,6 +101,8 @@ class RouterService:
         self.metrics.threshold.set(float(t) if t is not None else -1.0)
         for name, load in self.cluster.loads.items():
             self.metrics.inflight.set(load.inflight, worker=name)
+        self.metrics.link_egress.set(self.cluster.link_egress_gbps())
+        self.metrics.link_pending.set(float(self.cluster.monitor.pending_bytes))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)

@@ -106,6 +106,7 @@ class Topology:
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache_capacity_bytes: int = 512 * 2**20  # per worker prefix cache
     max_retries: int = 1  # local-path retries after a failed transfer
+    profile: str = "cpu-tiny"  # measured engine profile (serve/plan.py): embedded name or path
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.workers]
@@ -151,7 +152,7 @@ class Topology:
                            "connections": self.intra_link.connections},
             "timeouts": {k: getattr(self.timeouts, k) for k in Timeouts.__dataclass_fields__},
             "cache": {"capacity_mb": self.cache_capacity_bytes / 2**20},
-            "max_retries": self.max_retries,
+            "max_retries": self.max_retries, "profile": self.profile,
             "workers": [{"name": w.name, "role": w.role, "host": w.host, "port": w.port,
                          "kv_port": w.kv_port, "max_batch": w.max_batch} for w in self.workers],
         }
@@ -184,12 +185,29 @@ def _worker(raw: object, index: int) -> WorkerSpec:
                       int(m.get("port", 0)), int(m.get("kv_port", 0)), int(m.get("max_batch", 16)))
 
 
-def parse_topology(raw: object, where: str = "topology") -> Topology:
+def _profile(top: object, in_policy: object, base: Path | None) -> str:
+    """The profile reference: `policy.profile` or top-level `profile` (not both); a path is
+    made absolute against the topology file's folder, so a dumped copy still finds it."""
+    if top is not None and in_policy is not None:
+        raise ConfigError("policy.profile", in_policy, "also given as top-level `profile`")
+    ref = in_policy if in_policy is not None else top
+    if ref is None:
+        return "cpu-tiny"
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError("profile", ref, "must be a profile name or a file path")
+    if ("/" in ref or ref.endswith((".yaml", ".yml"))) and not Path(ref).is_absolute():
+        return str(((base or Path.cwd()) / ref).resolve())
+    return ref
+
+
+def parse_topology(raw: object, where: str = "topology", base: Path | None = None) -> Topology:
+    """`base`: the folder relative profile paths are read from (the topology file's)."""
     m = _mapping(raw, where)
     _keys(m, {"name", "model", "policy", "router", "link", "intra_link", "timeouts", "cache",
-              "max_retries", "workers"}, where)
+              "max_retries", "workers", "profile"}, where)
     policy = dict(_mapping(m.get("policy"), "policy")) or {"name": "prfaas-threshold",
                                                           "threshold_tokens": 1024}
+    profile = _profile(m.get("profile"), policy.pop("profile", None), base)
     router = _mapping(m.get("router"), "router")
     _keys(router, {"host", "port"}, "router")
     timeouts = _mapping(m.get("timeouts"), "timeouts")
@@ -209,7 +227,7 @@ def parse_topology(raw: object, where: str = "topology") -> Topology:
         intra_link=_link(m.get("intra_link"), "intra_link", LinkSpec(None, 2)),
         timeouts=Timeouts(**{k: float(v) for k, v in timeouts.items()}),
         cache_capacity_bytes=int(float(cache.get("capacity_mb", 512)) * 2**20),
-        max_retries=int(m.get("max_retries", 1)),
+        max_retries=int(m.get("max_retries", 1)), profile=profile,
     )
 
 
@@ -227,4 +245,4 @@ def load_topology(path: str | Path | None = None) -> Topology:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError("topology", where, f"invalid YAML: {exc}") from exc
-    return parse_topology(raw, where)
+    return parse_topology(raw, where, None if path is None else Path(path).parent)
