@@ -38,6 +38,7 @@ class KVGeometry:
     swa_bytes_per_token: float  # all swa layers, per cached token
     swa_window_tokens: int  # the largest window (0 when there is no swa layer)
     swa_full_bytes: float  # all swa layers with their windows full
+    swa_groups: tuple[tuple[float, int], ...] = ()  # (bytes per token, window) per swa group
 
     @property
     def state_bytes(self) -> float:
@@ -50,13 +51,8 @@ class KVGeometry:
                 + self.swa_bytes(length_tokens))
 
     def swa_bytes(self, length_tokens: float) -> float:
-        return self._swa_bytes_at(length_tokens)
-
-    # per-group windows differ in principle; keep them exact
-    _swa_groups: tuple[tuple[float, int], ...] = ()
-
-    def _swa_bytes_at(self, length_tokens: float) -> float:
-        return sum(per_tok * min(length_tokens, window) for per_tok, window in self._swa_groups)
+        """SWA bytes held at `length_tokens`: each group keeps min(length, its window)."""
+        return sum(per_tok * min(length_tokens, window) for per_tok, window in self.swa_groups)
 
 
 def geometry(spec: ModelSpec, dtype: str | None = None) -> KVGeometry:
@@ -76,5 +72,5 @@ def geometry(spec: ModelSpec, dtype: str | None = None) -> KVGeometry:
         swa_bytes_per_token=sum(b for b, _ in swa_groups),
         swa_window_tokens=max((w for _, w in swa_groups), default=0),
         swa_full_bytes=sum(b * w for b, w in swa_groups),
-        _swa_groups=swa_groups,
+        swa_groups=swa_groups,
     )

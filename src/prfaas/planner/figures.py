@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prfaas.planner.search import PlanInputs, SystemPlan, search_prfaas_pd, threshold_grid
+from prfaas.planner.search import PlanInputs, SystemPlan, threshold_grid
 from prfaas.planner.throughput import bounds, decode_rate, stage_curves
 
 GBPS = 1e9 / 8
@@ -22,11 +22,7 @@ def figure5(inputs: PlanInputs, plan: SystemPlan, mode: str, out_dir: Path) -> l
     out_dir.mkdir(parents=True, exist_ok=True)
     decode_step = inputs.decode.step_at(inputs.decode.bs_max)
     n_ps = list(range(1, inputs.n_pd))
-    rows = []
-    for n_p in n_ps:
-        sub = PlanInputs(**{**inputs.__dict__})
-        best = _best_for_np(sub, n_p, mode)
-        rows.append(best)
+    rows = [_best_for_np(inputs, n_p, mode) for n_p in n_ps]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(n_ps, [r[0] for r in rows], "o-", label="Θprfaas / p")
     ax.plot(n_ps, [r[1] for r in rows], "s-", label="Θpd-p / (1 − p)")
@@ -79,5 +75,3 @@ def _best_for_np(inputs: PlanInputs, n_p: int, mode: str) -> tuple[float, float,
                                 inputs.decode.step_at(inputs.decode.bs_max), inputs.output_tokens))
     return float(prf[i]), float(pdp[i]), min(float(lam[i]), theta_d)
 
-
-__all__ = ["figure5", "search_prfaas_pd"]
