@@ -11,6 +11,12 @@ Reported per mode: time from prefill start to the receiver's "all KV received" (
 clock, shared by both processes on Linux) over T (standalone median) and over the prefill time
 of that same run; content checked by crc32 digest. An ideal-link model (serial link at R, layer
 i leaves when it is ready) gives the bound each mode can reach with these per-layer sizes.
+
+"Ready" is when the engine's `on_layer` hook fires: for a full-attention (MLA) layer right
+after its KV projections, before its attention and MLP (the engine emits KV as soon as it is
+final); for a KDA layer when the layer is done. With a serial link at R = B / T the finish time
+is at least max_i(ready_i + bytes of layers >= i / R); `bound` reports that maximum over T and
+the layer that attains it (the binding layer), which is what limits layer-granular streaming.
 Writes benchmarks/results/pipelining.json.
 
     .venv/bin/python benchmarks/bench_pipelining.py [--quick]
@@ -43,6 +49,8 @@ from prfaas.transport.wire import HEADER_BYTES
 RESULT = Path(__file__).parent / "results" / "pipelining.json"
 CHUNK_BYTES = 64 * 1024
 Layer = tuple[int, str, list[tuple[str, np.ndarray]]]
+PREVIOUS = {"KKKMKKKM": {"pipelined": 1.366, "after": 2.0044, "ideal_pipelined": 1.426},
+            "KKKM" * 8: {"pipelined": 1.0818, "after": 1.8656, "ideal_pipelined": 1.107}}
 
 
 def _prefill(engine: Engine, ids: list[int], hook: Callable[[LayerKV], None]
@@ -78,6 +86,16 @@ def profile(engine: Engine, ids: list[int], repeats: int) -> dict[str, Any]:
     prefill_s, ready_s, sizes = runs[len(runs) // 2]
     return {"prefill_s": prefill_s, "prefill_s_runs": [round(r[0], 4) for r in runs],
             "layer_ready_s": ready_s, "layer_wire_bytes": sizes}
+
+
+def bound(ready_s: list[float], sizes: list[int], prefill_s: float) -> dict[str, Any]:
+    """max_i(ready_i + bytes_{>=i} / R) / T at R = B / T, and the layer i that attains it."""
+    total = sum(sizes)
+    terms = [ready / prefill_s + sum(sizes[i:]) / total for i, ready in enumerate(ready_s)]
+    worst = max(range(len(terms)), key=terms.__getitem__)
+    return {"over_prefill": round(terms[worst], 4), "binding_layer": worst,
+            "binding_layer_ready_over_prefill": round(ready_s[worst] / prefill_s, 4),
+            "byte_share_from_binding_layer": round(sum(sizes[worst:]) / total, 4)}
 
 
 def ideal_finish_s(ready_s: list[float], sizes: list[int], rate: float, pipelined: bool
@@ -148,6 +166,8 @@ async def bench_pattern(pattern: str, tokens: int, repeats: int, rx: ReceiverPro
         "kv_wire_bytes": total_bytes, "last_layer_byte_share":
         round(prof["layer_wire_bytes"][-1] / total_bytes, 4),
         "rate_gbps": bytes_per_s_to_gbps(rate), "standalone": prof,
+        "pipelined_bound": bound(prof["layer_ready_s"], prof["layer_wire_bytes"],
+                                 prof["prefill_s"]),
         "ideal_ratio": {m: round(ideal_finish_s(prof["layer_ready_s"], prof["layer_wire_bytes"],
                                                 rate, m == "pipelined") / prof["prefill_s"], 4)
                         for m in modes},
@@ -216,9 +236,13 @@ def main() -> None:
                     "total_over_prefill_in_those_runs"],
                 "after_when_transfer_within_20pct": r["after"]["total_over_prefill_in_those_runs"],
                 "last_layer_byte_share": r["last_layer_byte_share"],
+                "pipelined_bound_at_layer_granularity": r["pipelined_bound"],
                 "met": r["pipelined"]["total_over_prefill"] <= 1.25,
             } for r in results},
         },
+        # Same benchmark before the engine emitted attention KV ahead of the layer's attention
+        # (hook at layer end), commit 0f1514b's JSON, another load on the shared cores.
+        "before_early_kv_emission": PREVIOUS,
         "results": results,
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                  "platform": platform.platform(), "loadavg_1_5_15_at_end": os.getloadavg(),

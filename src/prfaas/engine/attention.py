@@ -5,6 +5,11 @@ Every mixer has the same three entry points:
   store. `work` holds this prefill call's contiguous key/value buffers, rebuilt from the cached
   prefix block by block, so a resumed prefill runs the same operations on the same shapes as a
   from-scratch one (bitwise-equal results).
+  Attention mixers split it in two, because what they cache (MLA latent + rope key, GQA/SWA
+  k, v) is a projection of the layer's input alone: `project_chunk` computes and appends a
+  chunk's cached KV (final from then on), `attend_chunk` runs that chunk's attention. The
+  layer-major prefill (model.Block) projects every chunk first, emits the layer's KV, then
+  attends, so the KV can leave before the layer's attention and MLP have run.
 - `decode(x [B, D], stores, positions [B])`: one token per sequence (continuous batching).
 - `forward_full(x [T, D])`: the plain reference forward (no cache, no chunks), for checks
   and benchmarks.
@@ -62,14 +67,19 @@ class MLA(nn.Module):
     def new_store(self) -> AttnStore:
         return AttnStore("mla", self.block_size)
 
+    def _q(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        q = proj(x, self.wq).view(x.shape[0], self.h, self.dn + self.dr)
+        return torch.cat((q[..., :self.dn], self.rope.at(q[..., self.dn:], pos)), dim=-1)
+
+    def _latent(self, x: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What is cached: the latent [n, r] and the rope key [n, dr] (shared by all heads)."""
+        return {"latent": rms_norm(proj(x, self.w_dkv), self.kv_norm),
+                "k_rope": self.rope.at(proj(x, self.w_kr), pos)}
+
     def _qkv_latent(self, x: torch.Tensor, pos: torch.Tensor,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n = x.shape[0]
-        q = proj(x, self.wq).view(n, self.h, self.dn + self.dr)
-        q = torch.cat((q[..., :self.dn], self.rope.at(q[..., self.dn:], pos)), dim=-1)
-        latent = rms_norm(proj(x, self.w_dkv), self.kv_norm)  # [n, r]: what is cached
-        k_rope = self.rope.at(proj(x, self.w_kr), pos)  # [n, dr], shared by all heads
-        return q, latent, k_rope
+        cached = self._latent(x, pos)
+        return self._q(x, pos), cached["latent"], cached["k_rope"]
 
     def _up(self, latent: torch.Tensor, k_rope: torch.Tensor,
             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,18 +96,32 @@ class MLA(nn.Module):
 
     def prefill_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
                       ) -> torch.Tensor:
+        return self.attend_chunk(x, start, store, work,
+                                 self.project_chunk(x, start, store, work))
+
+    def project_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
+                      ) -> dict[str, torch.Tensor]:
+        """Append the chunk's latent + rope key to the store; returns them for attend_chunk."""
+        assert isinstance(store, AttnStore)
+        work.setdefault("cached_tokens", start)  # the prefix this call resumes from
+        cached = self._latent(x, torch.arange(start, start + x.shape[0]))
+        store.append(cached)
+        return cached
+
+    def attend_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
+                     cached: dict[str, torch.Tensor]) -> torch.Tensor:
         assert isinstance(store, AttnStore)
         c, end = x.shape[0], start + x.shape[0]
         # head-major [H, T, d] buffers: [:, :end] is a plain strided operand, no copy per chunk
         buf = _buffers(work, self.h, {"k": (work["total"], self.dn + self.dr),
                                       "v": (work["total"], self.dn)})
         if "filled" not in work:  # up-project the cached prefix block by block, like a chunk
-            for i, block in enumerate(store.blocks):
+            # (only the prefix blocks: the store may already hold this call's projected chunks)
+            for i, block in enumerate(store.blocks[:work["cached_tokens"] // self.block_size]):
                 self._fill(buf, i * self.block_size, block["latent"], block["k_rope"])
             work["filled"] = True
-        q, latent, k_rope = self._qkv_latent(x, torch.arange(start, end))
-        store.append({"latent": latent, "k_rope": k_rope})
-        self._fill(buf, start, latent, k_rope)
+        self._fill(buf, start, cached["latent"], cached["k_rope"])
+        q = self._q(x, torch.arange(start, end))
         o = causal_attention(q.transpose(0, 1), buf["k"][:, :end], buf["v"][:, :end],
                              start, 0)  # [H, C, dv]
         return proj(o.transpose(0, 1).reshape(c, self.h * self.dn), self.wo)
@@ -147,12 +171,19 @@ class GQA(nn.Module):
     def new_store(self) -> AttnStore:
         return AttnStore(self.kind, self.block_size, self.window)
 
+    def _q(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self.rope.at(proj(x, self.wq).view(x.shape[0], self.h, self.d), pos)
+
+    def _kv(self, x: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What is cached: k (roped) and v, each [n, kvh, d]."""
+        n = x.shape[0]
+        return {"k": self.rope.at(proj(x, self.wk).view(n, self.kvh, self.d), pos),
+                "v": proj(x, self.wv).view(n, self.kvh, self.d)}
+
     def _qkv(self, x: torch.Tensor, pos: torch.Tensor,
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n = x.shape[0]
-        q = self.rope.at(proj(x, self.wq).view(n, self.h, self.d), pos)
-        k = self.rope.at(proj(x, self.wk).view(n, self.kvh, self.d), pos)
-        return q, k, proj(x, self.wv).view(n, self.kvh, self.d)
+        cached = self._kv(x, pos)
+        return self._q(x, pos), cached["k"], cached["v"]
 
     def _heads(self, kv: torch.Tensor) -> torch.Tensor:
         """[N, kvh, d] -> [H, N, d] (each kv head serves H / kvh query heads)."""
@@ -163,19 +194,34 @@ class GQA(nn.Module):
 
     def prefill_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
                       ) -> torch.Tensor:
+        return self.attend_chunk(x, start, store, work,
+                                 self.project_chunk(x, start, store, work))
+
+    def project_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
+                      ) -> dict[str, torch.Tensor]:
+        """Append the chunk's k, v to the store; returns them for attend_chunk."""
+        assert isinstance(store, AttnStore)
+        work.setdefault("cached_tokens", start)  # the prefix this call resumes from
+        cached = self._kv(x, torch.arange(start, start + x.shape[0]))
+        store.append(cached)
+        return cached
+
+    def attend_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
+                     cached: dict[str, torch.Tensor]) -> torch.Tensor:
         assert isinstance(store, AttnStore)
         c, end = x.shape[0], start + x.shape[0]
         buf = _buffers(work, self.kvh, {"k": (work["total"], self.d),
                                         "v": (work["total"], self.d)})
-        if "filled" not in work:  # copy the cached rows this prefill can still attend to
-            lo = self._key_start(start, store.first_token)
-            cached = store.gather(lo, start)
+        if "filled" not in work:  # copy the cached prefix rows this prefill can still attend to
+            first = work["cached_tokens"]
+            lo = self._key_start(first, store.first_token)
+            rows = store.gather(lo, first)
             for name in ("k", "v"):
-                buf[name][:, lo:start] = cached[name].transpose(0, 1) if cached else 0.0
+                buf[name][:, lo:first] = rows[name].transpose(0, 1) if rows else 0.0
             work["filled"] = True
-        q, k, v = self._qkv(x, torch.arange(start, end))
-        store.append({"k": k, "v": v})
+        k, v = cached["k"], cached["v"]
         buf["k"][:, start:end], buf["v"][:, start:end] = k.transpose(0, 1), v.transpose(0, 1)
+        q = self._q(x, torch.arange(start, end))
         lo, rep = self._key_start(start), self.h // self.kvh
         # query heads sharing a kv head attend together: [kvh, rep * C, d], no K/V repeat
         grouped = q.transpose(0, 1).reshape(self.kvh, rep * c, self.d)

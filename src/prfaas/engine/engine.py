@@ -65,20 +65,29 @@ class Engine:
     def prefill(self, token_ids: list[int], prefix: SequenceKV | None = None,
                 on_layer: Callable[[LayerKV], None] | None = None) -> PrefillResult:
         """Compute the uncached part of the prompt, layer by layer; `on_layer` gets each
-        layer's KV of the tokens computed here (full attention) or its state at the end."""
+        layer's KV of the tokens computed here (full attention) or its state at the end.
+
+        `on_layer` is called once per layer, in layer order, as soon as that layer's KV is
+        final, which for a full-attention layer (mla / gqa / swa) is right after its KV
+        projections, BEFORE its attention and MLP run (its cache is a projection of the
+        layer's input); for a linear layer it is when the layer is done. So a streaming
+        caller can start sending layer i's KV while layer i itself is still computing. Later
+        compute never writes to what the hook received (attention rows are gathered copies,
+        linear states are replaced, never modified), and it is bitwise what
+        `result.kv.export_layer(i, start, end)` gives after the prefill."""
         self._check_prompt(token_ids)
         start = self._check_prefix(token_ids, prefix)
         kv = prefix.snapshot_at(start) if prefix is not None else self.new_kv()
         kv.token_ids = list(token_ids)
         end = len(token_ids)
 
-        def after_layer(i: int) -> None:
+        def kv_ready(i: int) -> None:
             if on_layer is not None:
                 on_layer(kv.export_layer(i, start, end))
 
         with torch.inference_mode():
             ids = torch.tensor(token_ids[start:], dtype=torch.long)
-            logits = self.model.prefill(ids, start, kv.stores, end, after_layer)
+            logits = self.model.prefill(ids, start, kv.stores, end, kv_ready)
         return PrefillResult(kv, logits, int(torch.argmax(logits).item()), end - start)
 
     def _check_prompt(self, token_ids: list[int]) -> None:
