@@ -68,13 +68,15 @@ def test_controller_moves_t_to_the_planners_solution_and_routes_by_it() -> None:
     assert rate is not None
     t_long, t_short = _planner_t(inputs, LONG_BATCH, rate), _planner_t(inputs, SHORT_BATCH, rate)
     assert len({t_long, t_short, INITIAL_T}) == 3  # otherwise the test could not tell them apart
+    probe_tokens = t_short + 100  # offloaded only under t_short
+    assert probe_tokens <= min(t_long, INITIAL_T)
     rng = random.Random(7)
     with Deployment(topo) as dep:
         first = _send(dep.url, LONG_BATCH, rng)
         time.sleep(CONTROLLER["period_s"] + 0.1)
         second = _send(dep.url, SHORT_BATCH, rng)
         time.sleep(CONTROLLER["period_s"] + 0.1)
-        probe = _send(dep.url, (300,), rng)
+        probe = _send(dep.url, (probe_tokens,), rng)
         metrics = get_text(f"{dep.url}/metrics")
     replies = first + second + probe
     for r in replies:  # routed by the t it reports, with no prefix hit
@@ -87,6 +89,6 @@ def test_controller_moves_t_to_the_planners_solution_and_routes_by_it() -> None:
     assert ts[6] == t_long  # solved on batch A when B's first request arrived
     assert ts[-1] == t_short  # solved on batch B when the probe arrived
     assert {r["prfaas"]["route"] for r in first} == {"pd", "prfaas"}
-    assert probe[0]["prfaas"]["route"] == "prfaas"  # 300 tokens: offloaded only under t_short
+    assert probe[0]["prfaas"]["route"] == "prfaas"
     assert f"prfaas_threshold_tokens {float(t_short)}" in metrics
     assert 'prfaas_kv_bytes_total{link="inter_dc"}' in metrics

@@ -49,6 +49,8 @@ class Outcome:
     decode_cached_tokens: int = 0  # prompt tokens the decode node already held (not shipped)
     kv_bytes: int = 0
     prefill_s: float = 0.0
+    prefill_queue_s: float = 0.0  # waiting at the prefill worker before compute
+    transfer_tail_s: float = 0.0  # prefill end -> last KV frame acknowledged
     finish_reason: str = ""
     retried: bool = False
     retry_reason: str = ""
@@ -60,6 +62,7 @@ class Outcome:
                 "decode_node": self.decode_node, "cached_tokens": self.cached_tokens,
                 "decode_cached_tokens": self.decode_cached_tokens, "kv_bytes": self.kv_bytes,
                 "threshold_tokens": self.threshold_tokens, "prefill_s": self.prefill_s,
+                "prefill_queue_s": self.prefill_queue_s, "transfer_tail_s": self.transfer_tail_s,
                 "retried": self.retried, "retry_reason": self.retry_reason,
                 "token_ids": self.token_ids, "router_overhead_s": self.router_s}
 
@@ -221,6 +224,8 @@ class Dispatcher:
         out.cached_tokens = int(reply.get("cached_tokens", 0))
         out.kv_bytes = int(reply.get("kv_bytes", 0))
         out.prefill_s = float(reply.get("prefill_s", 0.0))
+        out.prefill_queue_s = float(reply.get("queue_s", 0.0))
+        out.transfer_tail_s = float(reply.get("transfer_tail_s", 0.0))
         computed = int(reply.get("computed_tokens", 0))
         if computed > 0:
             self.cluster.measured(pre.name, out.prefill_s / computed)
