@@ -24,7 +24,7 @@ field and value. It is never mutated; planner, simulator and CLI read it. The sc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -192,7 +192,9 @@ def _hardware(raw: object, kv: KVSize, model: ModelSpec | None, base: str = ""
         spec = _mapping(spec, where)
         if "profile" in spec:
             _check_keys(spec, {"profile", "notes"}, where)
-            built[name] = load_profile_file(_resolve(spec["profile"], base), kv)
+            # the scenario's key names the hardware (pools refer to it), not the file's own name
+            built[name] = replace(load_profile_file(_resolve(spec["profile"], base), kv),
+                                  name=name)
             continue
         _check_keys(spec, {"gpus_per_instance", "prefill", "decode", "notes", "gpu",
                            "cost_per_gpu_hour"}, where)

@@ -69,3 +69,27 @@ def test_profile_file_round_trip(tmp_path: Path) -> None:
     path.write_text("name: x\nprefill: {points: [{length_tokens: 1}]}\nbogus: 1\n")
     with pytest.raises(ConfigError, match="bogus"):
         load_profile_file(path)
+
+
+def test_scenario_hardware_from_profile_file_uses_its_key(tmp_path: Path) -> None:
+    """Pools (and the default baselines) refer to hardware by the scenario's key, whatever
+    name the profile file gives itself."""
+    from prfaas.scenario import parse_scenario
+
+    prof = tmp_path / "p.yaml"
+    prof.write_text(
+        "name: some-cpu\ngpus_per_instance: 1\n"
+        "prefill: {points: [{length_tokens: 256, time_s: 0.02}, {length_tokens: 1024, "
+        "time_s: 0.09}, {length_tokens: 4096, time_s: 0.5}]}\n"
+        "kv: {points: [{length_tokens: 256, bytes: 1300000}, {length_tokens: 4096, "
+        "bytes: 2060000}]}\n"
+        "decode: {bs_max: 8, step_points: [{batch: 1, step_s: 0.004}, {batch: 8, step_s: 0.01}]}\n")
+    s = parse_scenario({
+        "name": "cpu", "kv": {"profile": str(prof)}, "hardware": {"cpu": {"profile": str(prof)}},
+        "clusters": {"prfaas": {"hardware": "cpu", "instances": 1},
+                     "pd": {"hardware": "cpu", "instances": 2}},
+        "link": {"gbps": 0.05},
+        "workload": {"input": {"dist": "lognormal", "mu": 7.0, "sigma": 1.0, "min_tokens": 64,
+                               "max_tokens": 8000}, "output_tokens": 16}})
+    assert s.homogeneous.hardware.name == "cpu" and s.homogeneous.instances == 3
+    assert s.naive_prefill.hardware.name == "cpu"
