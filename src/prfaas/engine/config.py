@@ -24,7 +24,7 @@ CONV_KERNEL = 4  # KDA short causal convolution over q/k/v, as in Kimi Linear
 class EngineConfig:
     vocab_size: int = 258  # 256 bytes + BOS + EOS
     hidden: int = 256
-    layer_pattern: str = "KKKM" * 2  # Kimi-Linear-like KDA:MLA = 3:1
+    layer_pattern: str = "KKKM" * 3  # Kimi-Linear-like KDA:MLA = 3:1, 12 layers
     num_heads: int = 4
     head_dim: int = 64  # q/k/v head dim (MLA: the no-rope part of q/k and v)
     num_kv_heads: int = 2  # GQA / SWA
@@ -69,7 +69,7 @@ class EngineConfig:
 
     @classmethod
     def tiny(cls, **overrides: Any) -> EngineConfig:
-        """The default: hidden 256, 8 layers, KDA:MLA 3:1 (Kimi-Linear-like)."""
+        """The default: hidden 256, 12 layers, KDA:MLA 3:1 (Kimi-Linear-like)."""
         return cls(**overrides)
 
     @classmethod
