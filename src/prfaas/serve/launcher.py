@@ -5,7 +5,8 @@ beside the logs, spawns every worker then the router (`python -m prfaas.serve.pr
 until each answers `GET /health` (a process that exits early fails the start, with the tail of
 its log). `stop()` sends SIGTERM, waits, then SIGKILLs what is left; it is also the context
 manager's exit. Workers whose host is not this one, and those named `external`, are expected
-to be run by someone else.
+to be run by someone else. With `link.emulation: netns` it first creates the shaped namespace
+(serve/netns.py), runs the PrfaaS workers inside it and removes it on stop.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from prfaas.core.errors import PrfaasError
+from prfaas.serve.netns import NetnsLink
 from prfaas.serve.topology import Topology
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0")
@@ -34,7 +36,9 @@ class Deployment:
     def __init__(self, topology: Topology, log_dir: str | Path | None = None,
                  start_timeout_s: float = 120.0, external: frozenset[str] = frozenset()
                  ) -> None:
+        self.requested = topology
         self.topology = topology.with_ports()
+        self.netns: NetnsLink | None = None  # link.emulation: netns (created by start)
         self.external = external  # workers someone else runs (another host, a test double)
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-serve-"))
         self.start_timeout_s = start_timeout_s
@@ -54,11 +58,19 @@ class Deployment:
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / "topology.resolved.yaml"
-        self.topology.dump(path)
+        local = set(LOCAL_HOSTS)
         try:
+            if self.requested.link.emulation == "netns":
+                rate = self.requested.link.rate_gbps
+                assert rate is not None  # LinkSpec validates it
+                self.netns = NetnsLink.create(rate)
+                local |= {self.netns.host_ip, self.netns.ns_ip}
+                self.topology = self.requested.in_namespace(
+                    self.netns.host_ip, self.netns.ns_ip).with_ports()
+            self.topology.dump(path)
             for w in self.topology.workers:
-                if w.host in LOCAL_HOSTS and w.name not in self.external:
-                    self._spawn(w.name, path)
+                if w.host in local and w.name not in self.external:
+                    self._spawn(w.name, path, inside=self.netns if w.role == "prfaas" else None)
             self._wait_all([(w.name, w.url) for w in self.topology.workers
                             if w.name not in self.external])
             self._spawn("router", path)
@@ -67,8 +79,10 @@ class Deployment:
             self.stop()
             raise
 
-    def _spawn(self, name: str, path: Path) -> None:
+    def _spawn(self, name: str, path: Path, inside: NetnsLink | None = None) -> None:
         cmd = [sys.executable, "-m", "prfaas.serve.proc", "--topology", str(path), "--name", name]
+        if inside is not None:
+            cmd = inside.wrap(cmd)
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (owned by the child)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -113,6 +127,9 @@ class Deployment:
                 proc.kill()
                 proc.wait(5)
         self.procs.clear()
+        if self.netns is not None:
+            self.netns.destroy()
+            self.netns = None
 
 
 def _healthy(url: str) -> bool:

@@ -184,7 +184,7 @@ class PrefillWorker:
             if sender is None:
                 t = self.topology.timeouts
                 config = SenderConfig(num_connections=self.link.connections,
-                                      rate_gbps=self.link.rate_gbps,
+                                      rate_gbps=self.link.sender_rate_gbps,
                                       connect_timeout_s=t.connect_s, io_timeout_s=t.kv_s,
                                       finish_timeout_s=t.kv_s)
                 sender = KVSender(dest[0], dest[1], config, self.monitor)

@@ -39,16 +39,32 @@ def _mapping(raw: object, where: str) -> dict[str, Any]:
     return raw
 
 
+EMULATIONS = ("token-bucket", "netns")
+
+
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     rate_gbps: float | None = None  # None: unshaped loopback
     connections: int = 4
+    # token-bucket: each sender shapes itself in user space (any host, no privileges);
+    # netns: the kernel shapes a veth into the PrfaaS workers' namespace (root; serve/netns.py)
+    emulation: str = "token-bucket"
 
     def __post_init__(self) -> None:
         if self.rate_gbps is not None and not self.rate_gbps > 0:
             raise ConfigError("link.rate_gbps", self.rate_gbps, "must be > 0 or null")
         if self.connections < 1:
             raise ConfigError("link.connections", self.connections, "must be >= 1")
+        if self.emulation not in EMULATIONS:
+            raise ConfigError("link.emulation", self.emulation,
+                              f"unknown; known: {', '.join(EMULATIONS)}")
+        if self.emulation == "netns" and self.rate_gbps is None:
+            raise ConfigError("link.rate_gbps", None, "emulation netns needs a rate to shape to")
+
+    @property
+    def sender_rate_gbps(self) -> float | None:
+        """The rate a sender's own token bucket enforces (None when the kernel shapes)."""
+        return self.rate_gbps if self.emulation == "token-bucket" else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +150,13 @@ class Topology:
     def link_of(self, worker: WorkerSpec) -> LinkSpec:
         return self.link if worker.role == "prfaas" else self.intra_link
 
+    def in_namespace(self, host_ip: str, ns_ip: str) -> Topology:
+        """A copy for `link.emulation: netns`: PrfaaS workers at the namespace's address,
+        decode workers at the host end of the veth (reachable from both sides)."""
+        moved = {"prfaas": ns_ip, "pd-d": host_ip}
+        return replace(self, workers=tuple(replace(w, host=moved.get(w.role, w.host))
+                                           for w in self.workers))
+
     def with_ports(self) -> Topology:
         """A copy with every port 0 replaced by a currently free port."""
         workers = tuple(replace(w, port=w.port or free_port(w.host),
@@ -147,7 +170,8 @@ class Topology:
             "name": self.name, "model": dict(self.model),
             "policy": {"name": self.policy, **self.policy_args},
             "router": {"host": self.router_host, "port": self.router_port},
-            "link": {"rate_gbps": self.link.rate_gbps, "connections": self.link.connections},
+            "link": {"rate_gbps": self.link.rate_gbps, "connections": self.link.connections,
+                     "emulation": self.link.emulation},
             "intra_link": {"rate_gbps": self.intra_link.rate_gbps,
                            "connections": self.intra_link.connections},
             "timeouts": {k: getattr(self.timeouts, k) for k in Timeouts.__dataclass_fields__},
@@ -162,18 +186,26 @@ class Topology:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host`; for an address this namespace does not own (a PrfaaS worker's
+    own namespace, where every port is free) one free on loopback."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        try:
+            s.bind((host, 0))
+        except OSError:
+            s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
 
 
 def _link(raw: object, where: str, default: LinkSpec) -> LinkSpec:
     m = _mapping(raw, where)
-    _keys(m, {"rate_gbps", "connections"}, where)
+    _keys(m, {"rate_gbps", "connections", "emulation"}, where)
     rate = m.get("rate_gbps", default.rate_gbps)
+    emulation = str(m.get("emulation", default.emulation))
+    if where == "intra_link" and emulation != "token-bucket":
+        raise ConfigError("intra_link.emulation", emulation, "only the inter-DC link can be netns")
     return LinkSpec(None if rate is None else float(rate),
-                    int(m.get("connections", default.connections)))
+                    int(m.get("connections", default.connections)), emulation)
 
 
 def _worker(raw: object, index: int) -> WorkerSpec:
