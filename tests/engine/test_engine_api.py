@@ -139,7 +139,11 @@ def test_profile_cli_writes_planner_format(tmp_path: Path) -> None:
     lengths = [p["length_tokens"] for p in doc["prefill"]["points"]]
     assert lengths == [64, 256] and all(p["time_s"] > 0 for p in doc["prefill"]["points"])
     kv = [p["bytes"] for p in doc["kv"]["points"]]
-    assert kv[1] - kv[0] == 192 * 2 * (128 + 32) * 4  # 2 MLA layers, latent + rope, fp32
+    cfg = EngineConfig.tiny()  # the preset `prfaas profile` measures by default
+    mla_layers = cfg.layer_pattern.count("M")
+    assert mla_layers > 0  # otherwise the KV would not grow with the prompt
+    # 192 more tokens, each caching the latent + rope key in every MLA layer, fp32
+    assert kv[1] - kv[0] == 192 * mla_layers * (cfg.kv_lora_rank + cfg.rope_head_dim) * 4
     assert [p["batch"] for p in doc["decode"]["step_points"]] == [1, 4]
     assert doc["decode"]["bs_max"] == 4
     sized = geometry(load_spec_file(spec))  # what `prfaas kv --model-file` computes
