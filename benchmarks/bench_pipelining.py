@@ -1,8 +1,10 @@
 """Layer-wise pipelining benchmark: prefill on the real engine while its KV streams out.
 
-For each engine layer pattern: measure the standalone prefill time T and the KV bytes B, set the
-token-bucket rate R = B / T (transfer time ≈ prefill time), then alternate two modes on one
-persistent 4-connection link to a receiver in a child process:
+Patterns: the engine's default (12 layers, KKKM x3: the headline), the former 8-layer default
+(whose layer-granular bound is above 1.25x, reported as a miss) and 32 layers. For each one:
+measure the standalone prefill time T and the KV bytes B, set the token-bucket rate R = B / T
+(transfer time ≈ prefill time), then alternate two modes on one persistent 4-connection link
+to a receiver in a child process:
   - after:     prefill (hook only collects arrays), then send every layer, then END;
   - pipelined: `transport.stream_prefill`: prefill in a worker thread (torch releases the
                GIL); its per-layer hook hands the arrays to the event loop
@@ -49,8 +51,23 @@ from prfaas.transport.wire import HEADER_BYTES
 RESULT = Path(__file__).parent / "results" / "pipelining.json"
 CHUNK_BYTES = 64 * 1024
 Layer = tuple[int, str, list[tuple[str, np.ndarray]]]
-PREVIOUS = {"KKKMKKKM": {"pipelined": 1.366, "after": 2.0044, "ideal_pipelined": 1.426},
-            "KKKM" * 8: {"pipelined": 1.0818, "after": 1.8656, "ideal_pipelined": 1.107}}
+# Same benchmark, engine hook at layer end (before early KV emission), commit 0f1514b's JSON.
+PREVIOUS_HOOK_AT_LAYER_END = {
+    "KKKMKKKM": {"pipelined": 1.366, "after": 2.0044, "ideal_pipelined": 1.426},
+    "KKKM" * 8: {"pipelined": 1.0818, "after": 1.8656, "ideal_pipelined": 1.107}}
+# Early KV emission, when the default was 8 layers, commit 5b3ab4a's JSON (another load).
+PREVIOUS_8_LAYER_DEFAULT = {
+    "KKKMKKKM": {"pipelined": 1.2797, "after": 1.948, "bound": 1.2986},
+    "KKKM" * 8: {"pipelined": 1.0507, "after": 1.8822, "bound": 1.0764}}
+# Why the 8-layer row misses 1.25x: its two MLA layers hold ~95% of the bytes; the first is
+# ready at ~30-35% of the prefill and the last (~43% of the bytes) at ~80%, so even an ideal
+# serial link at R = B / T finishes at >= max(0.30-0.35 + 0.95, 0.80 + 0.45) = 1.25-1.30 T
+# (which term binds depends on the run's per-layer timing). Whole-layer streaming cannot beat it.
+DEPTH_NOTES = {
+    12: "the default (EngineConfig.tiny()): the Must-show headline",
+    8: "the former default; misses the 1.25x target: its layer-granular bound "
+       "(pipelined_bound_at_layer_granularity) is itself 1.25-1.30x",
+    32: "KDA:MLA 3:1 at a depth closer to real models; the last layer holds a small share"}
 
 
 def _prefill(engine: Engine, ids: list[int], hook: Callable[[LayerKV], None]
@@ -197,9 +214,10 @@ def summarize(runs: list[dict[str, float]], standalone_s: float) -> dict[str, An
 
 async def main_async(quick: bool) -> list[dict[str, Any]]:
     repeats = 2 if quick else 5
-    # 8 layers is the tiny default; 32 keeps its KDA:MLA = 3:1 at a depth closer to real
-    # models, where the last layer holds a small share of the KV.
-    cases = [("KKKM" * 2, 2048)] if quick else [("KKKM" * 2, 2048), ("KKKM" * 8, 2048)]
+    default = EngineConfig.tiny().layer_pattern  # headline: the engine's default depth
+    cases = [(default, 2048)]
+    if not quick:
+        cases += [("KKKM" * 2, 2048), ("KKKM" * 8, 2048)]  # see DEPTH_NOTES
     results = []
     with ReceiverProcess() as rx:
         for k, (pattern, tokens) in enumerate(cases):
@@ -215,7 +233,8 @@ async def main_async(quick: bool) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one pattern, two repeats")
+    parser.add_argument("--quick", action="store_true",
+                        help="the default pattern only, two repeats")
     args = parser.parse_args()
     results = asyncio.run(main_async(args.quick))
     out = {
@@ -238,11 +257,11 @@ def main() -> None:
                 "last_layer_byte_share": r["last_layer_byte_share"],
                 "pipelined_bound_at_layer_granularity": r["pipelined_bound"],
                 "met": r["pipelined"]["total_over_prefill"] <= 1.25,
+                "why_this_depth": DEPTH_NOTES.get(r["num_layers"], ""),
             } for r in results},
         },
-        # Same benchmark before the engine emitted attention KV ahead of the layer's attention
-        # (hook at layer end), commit 0f1514b's JSON, another load on the shared cores.
-        "before_early_kv_emission": PREVIOUS,
+        "before_early_kv_emission": PREVIOUS_HOOK_AT_LAYER_END,
+        "early_kv_emission_8_layer_default": PREVIOUS_8_LAYER_DEFAULT,
         "results": results,
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                  "platform": platform.platform(), "loadavg_1_5_15_at_end": os.getloadavg(),
