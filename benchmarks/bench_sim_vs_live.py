@@ -39,6 +39,7 @@ from prfaas.bench.workload import BenchRequest
 from prfaas.models.profile_file import load_profile_file
 from prfaas.planner.throughput import bounds, stage_curves
 from prfaas.scenario import parse_scenario
+from prfaas.serve.model import engine_config
 from prfaas.serve.plan import profile_path
 from prfaas.serve.topology import free_port, load_topology
 from prfaas.sim.metrics import per_request_rows
@@ -301,7 +302,8 @@ def main() -> int:
     workloads = [Workload(base.arrival_s / (f * cap), base.input_tokens, base.output_tokens,
                           f"{base.source} x {f * cap:.3f}") for f in LOAD_FRACTIONS]
     raw = scenario(prof, link, topo.link.connections, t)
-    sims = [run_sim(raw, w, t, 8) for w in workloads]
+    layers = engine_config(topo.model).num_layers  # the served model's depth sets the tail
+    sims = [run_sim(raw, w, t, layers) for w in workloads]
     drift = prefill_drift(hw)
     with tempfile.TemporaryDirectory(prefix="sim-vs-live-") as tmp:
         live = run_live(workloads, rng, Path(tmp))
