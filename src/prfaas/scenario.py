@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from prfaas.core.errors import ConfigError, UnknownNameError
+from prfaas.core.files import read_text
 from prfaas.models.catalog import resolve_model
 from prfaas.models.kv import geometry
 from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
@@ -272,7 +273,7 @@ def load_scenario(name_or_path: str) -> Scenario:
     """Load a built-in scenario by name, or a YAML file by path."""
     path = Path(name_or_path)
     if path.is_file():
-        text = path.read_text()
+        text = read_text(path, "scenario")
     else:
         builtin = resources.files("prfaas.data").joinpath("scenarios", f"{name_or_path}.yaml")
         if not builtin.is_file():

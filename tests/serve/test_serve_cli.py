@@ -29,7 +29,8 @@ def test_serve_cli_starts_and_sigint_stops_all(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     proc = subprocess.Popen([sys.executable, "-m", "prfaas", "serve", "--topology", str(path),
                              "--port", "0", "--threshold", "100", "--log-dir", str(logs)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own group: cleanup reaches children
     try:
         url, deadline = None, time.monotonic() + 120
         assert proc.stdout is not None
@@ -51,5 +52,5 @@ def test_serve_cli_starts_and_sigint_stops_all(tmp_path: Path) -> None:
         assert not [c for c in children if _alive(c)]
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every component it started
             proc.wait(10)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from prfaas.core.errors import ConfigError, TraceError
+from prfaas.core.files import read_text
 
 TRACE_BLOCK_TOKENS = 512
 _LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz     ", dtype=np.uint8)
@@ -68,17 +69,16 @@ def read_mooncake(path: str | Path, scaling: Scaling, limit: int | None = None
     if not p.is_file():
         raise TraceError(str(path), None, "no such trace file")
     out: list[BenchRequest] = []
-    with p.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                out.append(from_mooncake_row(row, scaling))
-            except (ValueError, KeyError, TypeError, AssertionError) as exc:
-                raise TraceError(str(path), line_no, f"not a Mooncake row: {exc}") from exc
-            if limit is not None and len(out) >= limit:
-                break
+    for line_no, line in enumerate(read_text(p, "trace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            out.append(from_mooncake_row(row, scaling))
+        except (ValueError, KeyError, TypeError, AssertionError) as exc:
+            raise TraceError(str(path), line_no, f"not a Mooncake row: {exc}") from exc
+        if limit is not None and len(out) >= limit:
+            break
     if not out:
         raise TraceError(str(path), None, "no requests in the trace")
     return out

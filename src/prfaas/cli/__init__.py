@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     except PrfaasError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(2)
+    except UnicodeDecodeError:
+        # a safety net: readers map this to a ConfigError naming the file
+        click.echo("error: an input file is not text (not valid UTF-8)", err=True)
+        sys.exit(2)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

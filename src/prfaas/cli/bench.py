@@ -26,6 +26,10 @@ def _model(url: str) -> str:
             return name
     except OSError as exc:
         raise ConfigError("url", url, f"no router answering: {exc}") from exc
+    except ValueError as exc:  # not a URL, or an answer that is not JSON
+        raise ConfigError("url", url, f"not a prfaas router URL: {exc}") from exc
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ConfigError("url", url, "answered /v1/models without a model list") from exc
 
 
 @click.command("bench")

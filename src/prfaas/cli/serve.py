@@ -9,7 +9,9 @@ from types import FrameType
 
 import click
 
+from prfaas.core.errors import ConfigError
 from prfaas.serve.launcher import Deployment
+from prfaas.serve.router import build_policy
 from prfaas.serve.topology import load_topology
 
 
@@ -29,7 +31,8 @@ def _raise_stop(signum: int, _: FrameType | None) -> None:
 @click.option("--policy", default=None, help="Routing policy name (policy/ registry).")
 @click.option("--threshold", "threshold_tokens", type=int, default=None,
               help="Length threshold t in tokens (overrides the topology).")
-@click.option("--log-dir", default=None, help="Where component logs go (default: a temp dir).")
+@click.option("--log-dir", default=None,
+              help="Where component logs go (default: a temp dir, removed on stop).")
 def command(topology_path: str | None, port: int | None, policy: str | None,
             threshold_tokens: int | None, log_dir: str | None) -> None:
     """Start the router and every worker of the topology as processes on this host."""
@@ -41,6 +44,9 @@ def command(topology_path: str | None, port: int | None, policy: str | None,
     if threshold_tokens is not None:
         topo = replace(topo, policy_args={**topo.policy_args,
                                           "threshold_tokens": threshold_tokens})
+    if not 0 <= topo.router_port < 65536:
+        raise ConfigError("--port", topo.router_port, "must be in [0, 65535]")
+    build_policy(topo)  # a bad --policy/--threshold fails here, before any process starts
     deployment = Deployment(topo, log_dir)
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:

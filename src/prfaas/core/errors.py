@@ -19,7 +19,10 @@ class ConfigError(PrfaasError, ValueError):
         self.field = field
         self.value = value
         self.reason = reason
-        super().__init__(f"{field}={value!r}: {reason}")
+        shown = repr(value)
+        if len(shown) > 160:  # a whole file or list pasted into a one-line error helps nobody
+            shown = shown[:150] + "...(" + str(len(shown)) + " chars)"
+        super().__init__(f"{field}={shown}: {reason}")
 
 
 class UnknownNameError(ConfigError):

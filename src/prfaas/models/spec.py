@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from prfaas.core.errors import ConfigError
+from prfaas.core.files import read_text
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -171,8 +172,8 @@ def load_spec_file(path: str | Path) -> ModelSpec:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("model_file", str(path), "no such file")
+    text = read_text(p, "model_file")
     try:
-        text = p.read_text()
         raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ConfigError("model_file", str(path), f"not valid YAML/JSON ({err})") from None

@@ -12,6 +12,7 @@ to be run by someone else. With `link.emulation: netns` it first creates the sha
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,8 @@ class Deployment:
         self.topology = topology.with_ports()
         self.netns: NetnsLink | None = None  # link.emulation: netns (created by start)
         self.external = external  # workers someone else runs (another host, a test double)
+        # a temp log dir we made ourselves is removed on stop; one the caller named is kept
+        self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-serve-"))
         self.start_timeout_s = start_timeout_s
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -130,6 +133,8 @@ class Deployment:
         if self.netns is not None:
             self.netns.destroy()
             self.netns = None
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def _healthy(url: str) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from prfaas.core.errors import ConfigError
+from prfaas.core.files import read_text
 
 WorkerRole = Literal["prfaas", "pd-p", "pd-d"]
 ROLES: tuple[str, ...] = ("prfaas", "pd-p", "pd-d")
@@ -132,6 +133,8 @@ class Topology:
             raise ConfigError("workers", names, "need at least one pd-d (decode) worker")
         if not self.by_role("pd-p") and not self.by_role("prfaas"):
             raise ConfigError("workers", names, "need at least one prefill worker")
+        if not 0 <= self.router_port < 65536:
+            raise ConfigError("router.port", self.router_port, "must be in [0, 65535]")
 
     def by_role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)
@@ -272,7 +275,7 @@ def load_topology(path: str | Path | None = None) -> Topology:
         p = Path(path)
         if not p.is_file():
             raise ConfigError("topology", str(path), "no such file")
-        text, where = p.read_text(), str(p)
+        text, where = read_text(p, "topology"), str(p)
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from prfaas.core.errors import ConfigError
+from prfaas.core.files import read_text
 from prfaas.planner.search import inputs_from_scenario
 from prfaas.policy.base import make_router
 from prfaas.policy.rebalancer import RebalancerConfig
@@ -53,7 +54,11 @@ def load_link_schedule(path: str | Path) -> LinkSchedule:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("link_schedule", str(path), "no such file")
-    raw = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
+    text = read_text(p, "link_schedule")
+    try:
+        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ConfigError("link_schedule", str(path), f"not valid YAML/JSON ({err})") from None
     if isinstance(raw, dict):
         raw = raw.get("schedule")
     if not isinstance(raw, list):

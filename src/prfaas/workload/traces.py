@@ -32,11 +32,13 @@ def load_trace(path: str | Path, spread: bool = True) -> Workload:
     p = Path(path)
     if not p.is_file():
         raise TraceError(str(path), None, "no such trace file")
-    if p.suffix == ".jsonl":
-        return read_mooncake(p, spread)
-    if p.suffix == ".csv":
-        return read_azure(p)
-    raise TraceError(str(path), None, "unknown trace format; expected .jsonl (Mooncake) or .csv")
+    if p.suffix not in (".jsonl", ".csv"):
+        raise TraceError(str(path), None,
+                         "unknown trace format; expected .jsonl (Mooncake) or .csv")
+    try:
+        return read_mooncake(p, spread) if p.suffix == ".jsonl" else read_azure(p)
+    except UnicodeDecodeError:
+        raise TraceError(str(path), None, "not a text file (not valid UTF-8)") from None
 
 
 def _positive_int(value: object, key: str, path: Path, line: int, minimum: int = 1) -> int:
@@ -50,7 +52,7 @@ def read_mooncake(path: Path, spread: bool = True) -> Workload:
     inputs: list[int] = []
     outputs: list[int] = []
     hashes: list[tuple[int, ...]] = []
-    with path.open() as f:
+    with path.open(encoding="utf-8") as f:
         for lineno, text in enumerate(f, start=1):
             if not text.strip():
                 continue
@@ -110,7 +112,7 @@ def read_azure(path: Path) -> Workload:
     stamps: list[float] = []
     inputs: list[int] = []
     outputs: list[int] = []
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         want = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
