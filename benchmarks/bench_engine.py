@@ -18,26 +18,15 @@ import argparse
 import datetime as dt
 import json
 import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from prfaas.engine import DecodeSeq, Engine, EngineConfig, LayerKV
 from prfaas.engine.plain import PlainDecoder
-from prfaas.engine.profiler import cpu_model, prompt_tokens
+from prfaas.engine.profiler import cpu_model, median_time_s, prompt_tokens
 
 OUT = Path(__file__).parent / "results" / "engine.json"
-
-
-def _median_s(fn: Callable[[], object], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def bench_prefill(engine: Engine, length: int, reps: int) -> dict[str, float]:
@@ -57,8 +46,8 @@ def bench_prefill(engine: Engine, length: int, reps: int) -> dict[str, float]:
 
     engine_s, plain_s = [], []
     for _ in range(reps):  # alternate so noise on the shared machine hits both
-        engine_s.append(_median_s(run_engine, 1))
-        plain_s.append(_median_s(run_plain, 1))
+        engine_s.append(median_time_s(run_engine, 1))
+        plain_s.append(median_time_s(run_plain, 1))
     e, p = statistics.median(engine_s), statistics.median(plain_s)
     return {"length_tokens": length, "reps": reps, "engine_s": round(e, 4),
             "plain_s": round(p, 4), "engine_tokens_per_s": round(length / e, 1),
@@ -75,8 +64,8 @@ def bench_decode(engine: Engine, batch: int, context: int, steps: int) -> dict[s
     plain.step(plain_ids)
     engine_s, plain_s = [], []
     for _ in range(steps):
-        engine_s.append(_median_s(lambda: engine.decode_step(seqs), 1))
-        plain_s.append(_median_s(lambda: plain.step(plain_ids), 1))
+        engine_s.append(median_time_s(lambda: engine.decode_step(seqs), 1))
+        plain_s.append(median_time_s(lambda: plain.step(plain_ids), 1))
     e, p = statistics.median(engine_s), statistics.median(plain_s)
     return {"batch": batch, "context_tokens": context, "steps": steps,
             "engine_step_s": round(e, 5), "plain_step_s": round(p, 5),

@@ -41,7 +41,7 @@ def prompt_tokens(length: int, seed: int = 0) -> list[int]:
     return [256, *torch.randint(0, 256, (length - 1,), generator=gen).tolist()]
 
 
-def _median_time_s(fn: Callable[[], object], reps: int) -> float:
+def median_time_s(fn: Callable[[], object], reps: int) -> float:
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -61,7 +61,7 @@ def measure_prefill(engine: Engine, lengths: tuple[int, ...], reps: int,
         def run(ids: list[int] = ids, last: list[PrefillResult] = last) -> None:
             last[:] = [engine.prefill(ids)]
 
-        times.append((length, _median_time_s(run, reps)))
+        times.append((length, median_time_s(run, reps)))
         sizes.append((length, last[0].kv.byte_size()))
     return times, sizes
 
@@ -78,7 +78,7 @@ def measure_decode(engine: Engine, batches: tuple[int, ...], context_tokens: int
         def step(seqs: list[DecodeSeq] = seqs) -> None:
             engine.decode_step(seqs)
 
-        points.append((batch, _median_time_s(step, steps)))
+        points.append((batch, median_time_s(step, steps)))
     return points
 
 

@@ -15,6 +15,7 @@ control traffic goes host -> namespace, unshaped; KV goes namespace -> host, sha
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from prfaas.core.errors import PrfaasError
 
 PREFIX = "prfaas"
+_SERIAL = itertools.count()
 
 
 class NetnsError(PrfaasError):
@@ -60,7 +62,8 @@ class NetnsLink:
     def create(cls, rate_gbps: float, index: int | None = None) -> NetnsLink:
         if not netns_available():
             raise NetnsError("link.emulation=netns needs root, `ip` and `tc` on this host")
-        k = index if index is not None else os.getpid() % 250 + 1
+        # a fresh index per link in this process; 249 and up are left to tests
+        k = index if index is not None else (os.getpid() + next(_SERIAL)) % 240 + 1
         link = cls(f"{PREFIX}-{os.getpid()}-{k}", k, rate_gbps)
         try:
             link._build()

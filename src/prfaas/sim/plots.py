@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -20,16 +21,8 @@ def ttft_cdf(ttfts: dict[str, FloatArray], title: str, path: Path) -> Path:
     for name, values in ttfts.items():
         v = np.sort(values[np.isfinite(values)])
         ax.plot(v, np.arange(1, v.size + 1) / max(v.size, 1), label=name)
-    ax.set_xlabel("TTFT (s)")
-    ax.set_ylabel("CDF")
     ax.set_xscale("log")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, "TTFT (s)", "CDF", title, path)
 
 
 def load_sweep(sweep: dict[str, list[dict[str, float]]], capacity: dict[str, CapacityResult],
@@ -66,9 +59,14 @@ def egress_over_time(egress_gbps: FloatArray, capacity_gbps: float, title: str, 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(np.arange(egress_gbps.size), egress_gbps, linewidth=0.8, label="egress (1 s windows)")
     ax.axhline(capacity_gbps, color="red", linestyle="--", label="link capacity")
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("Gbps")
     ax.set_yscale("symlog", linthresh=1.0)
+    return _finish(fig, ax, "time (s)", "Gbps", title, path)
+
+
+def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    """Labels, grid, legend; save as PNG and release the figure."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
