@@ -77,3 +77,15 @@ def test_registry_knows_every_policy() -> None:
         assert name in names
     with pytest.raises(UnknownNameError):
         make_router("nope")
+
+
+def test_unknown_policy_keys_are_rejected_not_ignored() -> None:
+    """A typo in a `policy:` section must not silently do nothing."""
+    from prfaas.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"policy\.threshhold"):
+        make_router("prfaas-threshold", threshold_tokens=10, threshhold=5)
+    with pytest.raises(ConfigError, match=r"policy\.scarce_abov"):
+        make_router("cache-aware+controller", threshold_tokens=10, scarce_abov=0.9)
+    # keys every caller hands every router are accepted by routers that do not use them
+    assert make_router("all-pd", threshold_tokens=10, plan_inputs=None).name == "all-pd"

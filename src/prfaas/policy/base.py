@@ -7,11 +7,12 @@ sockets, so the simulator and the live router call the same object.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from prfaas.core.errors import UnknownNameError
+from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.core.types import (
     PD_CLUSTER,
     PRFAAS_CLUSTER,
@@ -53,13 +54,35 @@ def _load_all() -> None:
     from prfaas.policy import cache_aware, controlled, mooncake, threshold  # noqa: F401
 
 
+# what callers hand every router (the simulator, the live router); a router that has no use
+# for one of these ignores it. Any other key must be a parameter of the router, so a typo in a
+# topology's or scenario's `policy:` section is an error, not a silent no-op.
+CONTEXT_KEYS = frozenset({"threshold_tokens", "plan_inputs", "controller"})
+
+
+def _parameters(factory: RouterFactory) -> set[str]:
+    """Named parameters of a router factory (a class's __init__ or a function), plus those it
+    forwards (`factory.forwards`: another factory whose keywords it passes on)."""
+    target = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
+    named = {p.name for p in inspect.signature(target).parameters.values()
+             if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
+    forwards = getattr(factory, "forwards", None)
+    return named | (_parameters(forwards) if forwards is not None else set())
+
+
 def make_router(name: str, ttft_slo_s: float | None = None, **kwargs: Any) -> Router:
     """The registered router `name`; with `ttft_slo_s`, wrapped in TTFT-SLO admission control
-    (`policy.admission`). Unknown keyword arguments are ignored by the simple routers."""
+    (`policy.admission`). Keys outside the router's parameters and CONTEXT_KEYS are rejected."""
     _load_all()
     if name not in _REGISTRY:
         raise UnknownNameError("policy", name, list(_REGISTRY))
-    router = _REGISTRY[name](**kwargs)
+    factory = _REGISTRY[name]
+    unknown = sorted(set(kwargs) - _parameters(factory) - CONTEXT_KEYS)
+    if unknown:
+        raise ConfigError(f"policy.{unknown[0]}", kwargs[unknown[0]],
+                          f"not a parameter of policy {name}; it takes: "
+                          f"{', '.join(sorted(_parameters(factory))) or 'none'}")
+    router = factory(**kwargs)
     if ttft_slo_s is not None:
         from prfaas.policy.admission import AdmissionRouter
 

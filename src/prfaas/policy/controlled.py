@@ -72,6 +72,9 @@ def cache_aware_controlled(threshold_tokens: int, plan_inputs: PlanInputs | None
                             _controller(threshold_tokens, plan_inputs, controller))
 
 
+cache_aware_controlled.forwards = CacheAwareRouter  # type: ignore[attr-defined]
+
+
 @register("prfaas-threshold+controller")
 def threshold_controlled(threshold_tokens: int, plan_inputs: PlanInputs | None = None,
                          controller: ControllerConfig | dict[str, Any] | None = None,
