@@ -17,6 +17,7 @@ Every mixer has the same three entry points:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -48,7 +49,35 @@ def _buffers(work: Work, lead: int, shapes: dict[str, tuple[int, ...]]) -> dict[
     return work["buf"]
 
 
-class MLA(nn.Module):
+class ProjectThenAttend(ABC):
+    """The two-step chunk of an attention mixer: `project_chunk` computes and appends what the
+    layer caches (final from then on), `attend_chunk` runs the chunk's attention."""
+
+    @abstractmethod
+    def cache_of(self, x: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What this layer caches for tokens `x` at positions `pos`."""
+
+    @abstractmethod
+    def attend_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
+                     cached: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The chunk's attention output, given its own cached projections."""
+
+    def prefill_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
+                      ) -> torch.Tensor:
+        return self.attend_chunk(x, start, store, work,
+                                 self.project_chunk(x, start, store, work))
+
+    def project_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
+                      ) -> dict[str, torch.Tensor]:
+        """Append the chunk's cached KV to the store; returns it for attend_chunk."""
+        assert isinstance(store, AttnStore)
+        work.setdefault("cached_tokens", start)  # the prefix this call resumes from
+        cached = self.cache_of(x, torch.arange(start, start + x.shape[0]))
+        store.append(cached)
+        return cached
+
+
+class MLA(nn.Module, ProjectThenAttend):
     kind = "mla"
 
     def __init__(self, cfg: EngineConfig, rope: Rope) -> None:
@@ -71,14 +100,14 @@ class MLA(nn.Module):
         q = proj(x, self.wq).view(x.shape[0], self.h, self.dn + self.dr)
         return torch.cat((q[..., :self.dn], self.rope.at(q[..., self.dn:], pos)), dim=-1)
 
-    def _latent(self, x: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
+    def cache_of(self, x: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
         """What is cached: the latent [n, r] and the rope key [n, dr] (shared by all heads)."""
         return {"latent": rms_norm(proj(x, self.w_dkv), self.kv_norm),
                 "k_rope": self.rope.at(proj(x, self.w_kr), pos)}
 
     def _qkv_latent(self, x: torch.Tensor, pos: torch.Tensor,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cached = self._latent(x, pos)
+        cached = self.cache_of(x, pos)
         return self._q(x, pos), cached["latent"], cached["k_rope"]
 
     def _up(self, latent: torch.Tensor, k_rope: torch.Tensor,
@@ -93,20 +122,6 @@ class MLA(nn.Module):
         k, v = self._up(latent, k_rope)
         buf["k"][:, start:start + k.shape[0]] = k.transpose(0, 1)
         buf["v"][:, start:start + v.shape[0]] = v.transpose(0, 1)
-
-    def prefill_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
-                      ) -> torch.Tensor:
-        return self.attend_chunk(x, start, store, work,
-                                 self.project_chunk(x, start, store, work))
-
-    def project_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
-                      ) -> dict[str, torch.Tensor]:
-        """Append the chunk's latent + rope key to the store; returns them for attend_chunk."""
-        assert isinstance(store, AttnStore)
-        work.setdefault("cached_tokens", start)  # the prefix this call resumes from
-        cached = self._latent(x, torch.arange(start, start + x.shape[0]))
-        store.append(cached)
-        return cached
 
     def attend_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
                      cached: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -154,7 +169,7 @@ class MLA(nn.Module):
         return proj(o.reshape(t, self.h * self.dn), self.wo)
 
 
-class GQA(nn.Module):
+class GQA(nn.Module, ProjectThenAttend):
     """Grouped-query attention; with window > 0 it is sliding-window attention (SWA)."""
 
     def __init__(self, cfg: EngineConfig, rope: Rope, window: int = 0) -> None:
@@ -174,7 +189,7 @@ class GQA(nn.Module):
     def _q(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self.rope.at(proj(x, self.wq).view(x.shape[0], self.h, self.d), pos)
 
-    def _kv(self, x: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
+    def cache_of(self, x: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
         """What is cached: k (roped) and v, each [n, kvh, d]."""
         n = x.shape[0]
         return {"k": self.rope.at(proj(x, self.wk).view(n, self.kvh, self.d), pos),
@@ -182,7 +197,7 @@ class GQA(nn.Module):
 
     def _qkv(self, x: torch.Tensor, pos: torch.Tensor,
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cached = self._kv(x, pos)
+        cached = self.cache_of(x, pos)
         return self._q(x, pos), cached["k"], cached["v"]
 
     def _heads(self, kv: torch.Tensor) -> torch.Tensor:
@@ -191,20 +206,6 @@ class GQA(nn.Module):
 
     def _key_start(self, start: int, first: int = 0) -> int:
         return max(first, start - self.window + 1) if self.window else first
-
-    def prefill_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
-                      ) -> torch.Tensor:
-        return self.attend_chunk(x, start, store, work,
-                                 self.project_chunk(x, start, store, work))
-
-    def project_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
-                      ) -> dict[str, torch.Tensor]:
-        """Append the chunk's k, v to the store; returns them for attend_chunk."""
-        assert isinstance(store, AttnStore)
-        work.setdefault("cached_tokens", start)  # the prefix this call resumes from
-        cached = self._kv(x, torch.arange(start, start + x.shape[0]))
-        store.append(cached)
-        return cached
 
     def attend_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
                      cached: dict[str, torch.Tensor]) -> torch.Tensor:
