@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from prfaas.core.errors import ConfigError
 
@@ -20,3 +24,13 @@ def read_text(path: str | Path, field: str) -> str:
         raise ConfigError(field, str(path), "not a text file (not valid UTF-8)") from None
     except OSError as err:
         raise ConfigError(field, str(path), f"cannot read it ({err.strerror})") from None
+
+
+def read_structured(path: str | Path, field: str) -> Any:
+    """A YAML file (JSON when the name ends in .json) parsed; every failure is a ConfigError
+    naming `field` and the file."""
+    text = read_text(path, field)
+    try:
+        return json.loads(text) if Path(path).suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(field, str(path), f"not valid YAML/JSON ({err})") from None

@@ -19,9 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from prfaas.core.errors import ConfigError
+from prfaas.core.files import read_structured
 from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
 
 _KEYS = {"name", "hardware", "model", "how", "gpus_per_instance", "prefill", "kv", "decode",
@@ -30,12 +29,7 @@ _KEYS = {"name", "hardware", "model", "how", "gpus_per_instance", "prefill", "kv
 
 def read_profile_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("profile", str(path), "no such file")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError("profile", str(path), f"not valid YAML ({err})") from None
+    raw = read_structured(p, "profile")
     if not isinstance(raw, dict):
         raise ConfigError("profile", str(path), "expected a mapping")
     for key in raw:

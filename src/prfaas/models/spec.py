@@ -9,15 +9,12 @@ with the field and value named.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from prfaas.core.errors import ConfigError
-from prfaas.core.files import read_text
+from prfaas.core.files import read_structured
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -169,15 +166,7 @@ def parse_spec(raw: object, where: str = "model") -> ModelSpec:
 
 def load_spec_file(path: str | Path) -> ModelSpec:
     """Load a model spec from a YAML or JSON file."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("model_file", str(path), "no such file")
-    text = read_text(p, "model_file")
-    try:
-        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError("model_file", str(path), f"not valid YAML/JSON ({err})") from None
-    return parse_spec(raw, where=p.name)
+    return parse_spec(read_structured(path, "model_file"), where=Path(path).name)
 
 
 def spec_to_dict(spec: ModelSpec) -> dict[str, Any]:

@@ -11,15 +11,12 @@ with `rebalance` the role changes (sim/roles.py).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from prfaas.core.errors import ConfigError
-from prfaas.core.files import read_text
+from prfaas.core.files import read_structured
 from prfaas.planner.search import inputs_from_scenario
 from prfaas.policy.base import make_router
 from prfaas.policy.rebalancer import RebalancerConfig
@@ -51,14 +48,7 @@ def parse_capacity(text: str | int | None) -> int | None:
 
 def load_link_schedule(path: str | Path) -> LinkSchedule:
     """A YAML/JSON list of [start_s, gbps] (or {start_s, gbps}) points, first at 0 s."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("link_schedule", str(path), "no such file")
-    text = read_text(p, "link_schedule")
-    try:
-        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError("link_schedule", str(path), f"not valid YAML/JSON ({err})") from None
+    raw = read_structured(path, "link_schedule")
     if isinstance(raw, dict):
         raw = raw.get("schedule")
     if not isinstance(raw, list):
