@@ -102,7 +102,7 @@ class Dispatcher:
         decision = self.policy.route(query, view)
         if decision.rejected and decision.unavailable:  # no path up: not the client's fault
             raise ApiError(503, f"no path can serve: {decision.reason}", kind="server_error",
-                           code="unavailable")
+                           code="unavailable", retry_after_s=self.topology.health.retry_after_s)
         if decision.rejected:
             raise ApiError(429, f"rejected by policy {self.policy.name}: {decision.reason}",
                            kind="rate_limit_error", code="rejected")
