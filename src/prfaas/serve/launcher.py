@@ -31,6 +31,7 @@ from prfaas.serve.supervisor import Supervisor
 from prfaas.serve.topology import Topology
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0")
+VLLM_START_TIMEOUT_S = 600.0  # vLLM instances take 35-200 s to start on a loaded 2-core host
 
 
 class DeploymentError(PrfaasError):
@@ -78,6 +79,11 @@ class Deployment:
                 self.topology = self.requested.in_namespace(
                     self.netns.host_ip, self.netns.ns_ip).with_ports()
             self.topology.dump(path)
+            if self.topology.engine == "vllm":  # build the tiny model once, before any instance
+                from prfaas.integrations.vllm.deploy import prepare
+
+                prepare(self.topology)
+                self.start_timeout_s = max(self.start_timeout_s, VLLM_START_TIMEOUT_S)
             for w in self.topology.workers:
                 if w.host in local and w.name not in self.external:
                     self._spawn(w.name, path, inside=self.netns if w.role == "prfaas" else None)

@@ -45,7 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"[{args.name}] %(levelname)s %(message)s")
     try:
-        app, host, port = build_app(args.topology, args.name)
+        topo = load_topology(args.topology)
+        if topo.engine == "vllm":
+            from prfaas.integrations.vllm.deploy import exec_worker, router_service
+
+            if args.name != "router":
+                exec_worker(topo, args.name)  # does not return: this process becomes vLLM
+            app, host, port = router_service(topo).app(), topo.router_host, topo.router_port
+        else:
+            app, host, port = build_app(args.topology, args.name)
     except PrfaasError as exc:
         print(f"[{args.name}] error: {exc}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from prfaas.cache import GlobalKVCacheManager
 from prfaas.engine import ByteTokenizer, EngineConfig
 from prfaas.models.kv import geometry
 from prfaas.policy.base import Router, make_router
+from prfaas.serve.backends import TokenEvent, make_backend
 from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.dispatch import Dispatcher, Outcome
 from prfaas.serve.membership import Membership
@@ -51,9 +52,14 @@ def build_policy(topology: Topology) -> Router:
 
 class RouterService:
     def __init__(self, topology: Topology, config: EngineConfig,
-                 policy: Router | None = None) -> None:
+                 policy: Router | None = None, tokenizer: Any = None,
+                 backend: str = "native", backend_args: dict[str, Any] | None = None) -> None:
+        """`tokenizer`, `backend`: another engine's (integrations/vllm/deploy.py); `config`
+        may then be any object with EngineConfig's name, max_context_tokens,
+        block_size_tokens and to_spec()."""
         self.topology, self.config = topology, config
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer: ByteTokenizer = tokenizer or ByteTokenizer()
+        self.backend_name, self.backend_args = backend, dict(backend_args or {})
         self.policy = policy or build_policy(topology)
         self.manager = GlobalKVCacheManager(config.block_size_tokens)
         for w in topology.workers:
@@ -81,9 +87,10 @@ class RouterService:
         # no pool limit: a long-running stream must not starve other requests of connections
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self.membership.session = self._session
+        backend = make_backend(self.backend_name, session=self._session, **self.backend_args)
         self._dispatcher = Dispatcher(self.topology, self.cluster, self.manager, self.policy,
                                       self._session, self.config.block_size_tokens,
-                                      membership=self.membership)
+                                      backend=backend, membership=self.membership)
         self.membership.start()
 
     async def _stop(self, _: web.Application) -> None:
@@ -163,7 +170,7 @@ class RouterService:
             async for event in self._dispatcher.tokens(req, query, decision, out):
                 mark = time.perf_counter()
                 first_s = first_s if first_s is not None else mark - t0
-                parts.append(text.feed(event.token_id))
+                parts.append(_text(event, text))
                 out.router_s += time.perf_counter() - mark
         except ApiError as exc:
             self._count(out, "error", t0, first_s)
@@ -185,7 +192,7 @@ class RouterService:
         try:
             async for event in self._dispatcher.tokens(req, query, decision, out):
                 mark = time.perf_counter()
-                delta = text.feed(event.token_id)
+                delta = _text(event, text)
                 chunk = _sse(chunk_body(req, rid, delta, None, first=first_s is None))
                 first_s = first_s if first_s is not None else mark - t0
                 out.router_s += time.perf_counter() - mark
@@ -227,6 +234,12 @@ class RouterService:
             m.ttft.observe(first_s)
             if len(out.token_ids) > 1:
                 m.tpot.observe((e2e_s - first_s) / (len(out.token_ids) - 1))
+
+
+def _text(event: TokenEvent, text: TextStream) -> str:
+    """The token's text: the engine's own detokenization when the backend carries it."""
+    given = event.extra.get("text")
+    return given if isinstance(given, str) else text.feed(event.token_id)
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

@@ -20,10 +20,11 @@ ARCHS = ("llama", "qwen3_next")
 VOCAB_SIZE = 1024  # model rows; the tokenizer uses fewer (TOKENIZER_VOCAB)
 TOKENIZER_VOCAB = 1000
 SPECIAL = {"bos": ("<s>", 0), "eos": ("</s>", 1), "pad": ("<pad>", 2)}
-_WORDS = ("the prefill cluster ships kv cache over a long link while decode nodes stream tokens "
-          "to users each layer of attention adds keys and values hybrid models keep a small "
-          "recurrent state router picks short requests locally and long ones remotely bandwidth "
-          "latency queue throughput token block prefix cache hit miss model serve").split()
+_TEXT = ("the prefill cluster ships kv cache over a long link while decode nodes stream tokens "
+         "to users each layer of attention adds keys and values hybrid models keep a small "
+         "recurrent state router picks short requests locally and long ones remotely bandwidth "
+         "latency queue throughput token block prefix cache hit miss model serve")
+_WORDS = _TEXT.split(" ")
 _COMMON: dict[str, Any] = dict(
     vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
     num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=8192,

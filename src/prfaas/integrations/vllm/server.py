@@ -9,6 +9,7 @@ waits, then SIGKILLs it. Nothing here imports vLLM: the router and tests use it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -153,10 +154,8 @@ class VllmInstance:
 
 def _reap_group(pgid: int) -> None:
     """SIGKILL what is left of the group (vLLM's EngineCore/Worker children)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def ready(url: str) -> bool:

@@ -171,11 +171,12 @@ class WorkerHalf:
             self.recv.expect(job.transfer_id, job.timeout_s)
         for tid in meta.aborted:
             with self._lock:
-                inc = self._incoming.pop(tid, None)
-                if inc is None or inc.job is None or tid in self._reported:
+                gone = self._incoming.pop(tid, None)
+                if gone is None or gone.job is None or tid in self._reported:
                     continue
                 self._reported.add(tid)
-                self._aborted_reqs.add(inc.job.req_id)
+                inc = gone
+                self._aborted_reqs.add(gone.job.req_id)
             self.recv.forget(tid)
 
     def _on_tensor(self, tid: int, layer: int, name: str, array: np.ndarray) -> None:
