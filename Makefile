@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean venv vllm demo-vllm
+.PHONY: demo test lint typecheck unit bench clean venv vllm vllm-nixl demo-vllm bench-vllm
 VLLM_STAMP := $(VENV)/.vllm-installed
 
 $(STAMP): pyproject.toml
@@ -27,6 +27,17 @@ $(VLLM_STAMP): $(STAMP)
 	@touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+# vLLM's own NixlConnector for the side-by-side benchmark: `nixl` is a shim that wants both
+# CUDA 12 and 13 wheels, so only the cu12 one (which bundles the UCX plugin) is installed.
+vllm-nixl: $(VLLM_STAMP)
+	$(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1
+
+demo-vllm: $(VLLM_STAMP)
+	$(BIN)/python -m prfaas.integrations.vllm.demo
+
+bench-vllm: vllm-nixl
+	$(BIN)/python benchmarks/bench_vllm.py
 
 demo: $(STAMP)
 	$(BIN)/prfaas reproduce --out out/reproduce

@@ -18,7 +18,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from prfaas.transport.receiver import KVReceiver, ReceiverConfig
 from prfaas.transport.sender import KVSender, SenderConfig
 
 Dest = tuple[str, int]
+Route = tuple[str, int, float | None]  # a destination and the link rate to it (None: default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,31 +82,46 @@ class _Loop:
 
     def stop(self) -> None:
         if self.loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(timeout=5)
             self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+async def _cancel_all() -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class SendLink(_Loop):
     def __init__(self, config: SenderConfig) -> None:
         super().__init__("prfaas-kv-send")
         self.config = config
-        self._queues: dict[Dest, asyncio.Queue[Item]] = {}
+        self._queues: dict[Route, asyncio.Queue[Item]] = {}
         self._first: dict[int, float] = {}
 
-    def submit(self, dest: Dest, item: Item) -> None:
-        """Thread-safe and non-blocking; items of one destination go out in submit order."""
+    def submit(self, dest: Dest, item: Item, rate_gbps: float | None = None) -> None:
+        """Thread-safe and non-blocking; items of one destination go out in submit order.
+        `rate_gbps`: a link rate other than the configured one (its own sender)."""
         if isinstance(item, Tensor):
             self._first.setdefault(item.transfer_id, time.monotonic())
-        self.loop.call_soon_threadsafe(self._put, dest, item)
+        self.loop.call_soon_threadsafe(self._put, (dest[0], dest[1], rate_gbps), item)
 
-    def _put(self, dest: Dest, item: Item) -> None:
-        queue = self._queues.get(dest)
+    def _put(self, route: Route, item: Item) -> None:
+        queue = self._queues.get(route)
         if queue is None:
-            queue = self._queues[dest] = asyncio.Queue()
-            self.loop.create_task(self._pump(dest, queue))
+            queue = self._queues[route] = asyncio.Queue()
+            self.loop.create_task(self._pump(route, queue))
         queue.put_nowait(item)
 
-    async def _pump(self, dest: Dest, queue: asyncio.Queue[Item]) -> None:
+    async def _pump(self, route: Route, queue: asyncio.Queue[Item]) -> None:
+        dest = (route[0], route[1])
+        config = self.config if route[2] is None else replace(self.config, rate_gbps=route[2])
         sender: KVSender | None = None
         failed: dict[int, str] = {}  # transfer -> why; later items of it are dropped
         while True:
@@ -117,7 +133,7 @@ class SendLink(_Loop):
                         self._end(tid, failed.pop(tid))
                     continue
                 if sender is None:
-                    sender = KVSender(dest[0], dest[1], self.config)
+                    sender = KVSender(dest[0], dest[1], config)
                     await sender.connect()
                 if isinstance(item, Tensor):
                     await sender.send_array(tid, item.layer, "gqa", item.name, item.array,

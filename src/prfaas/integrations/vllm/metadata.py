@@ -25,6 +25,8 @@ class SaveJob:
     first: bool  # the request's first save step: the meta tensor goes first
     last: bool  # the prompt ends this step: states, then END
     state_blocks: tuple[int | None, ...] = ()  # per group on the last step; None: not Mamba
+    rate_gbps: float | None = None  # None: the instance's link rate
+    after_prefill: bool = False  # hold every layer until the prompt is done (a baseline)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,10 +24,19 @@ class SendParams:
     transfer_id: int
     dest_host: str
     dest_port: int
+    # benchmark knobs (the router never sets them): another link rate than the instance's,
+    # and send-after-prefill (every layer held until the prompt is done) instead of layer-wise
+    rate_gbps: float | None = None
+    after_prefill: bool = False
 
     def to_body(self) -> dict[str, Any]:
-        return {KEY: {"role": "send", "transfer_id": self.transfer_id,
-                      "dest_host": self.dest_host, "dest_port": self.dest_port}}
+        body: dict[str, Any] = {"role": "send", "transfer_id": self.transfer_id,
+                                "dest_host": self.dest_host, "dest_port": self.dest_port}
+        if self.rate_gbps is not None:
+            body["rate_gbps"] = self.rate_gbps
+        if self.after_prefill:
+            body["after_prefill"] = True
+        return {KEY: body}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +59,11 @@ def parse(params: object) -> SendParams | RecvParams | None:
         if not 0 < tid < 2**63:
             raise ValueError(tid)
         if p.get("role") == "send":
-            return SendParams(tid, str(p["dest_host"]), int(p["dest_port"]))
+            rate = p.get("rate_gbps")
+            if rate is not None and not float(rate) > 0:
+                raise ValueError(f"rate_gbps={rate}")
+            return SendParams(tid, str(p["dest_host"]), int(p["dest_port"]),
+                              None if rate is None else float(rate), bool(p.get("after_prefill")))
         if p.get("role") == "recv":
             return RecvParams(tid, float(p.get("timeout_s", 120.0)))
     except (KeyError, TypeError, ValueError) as exc:

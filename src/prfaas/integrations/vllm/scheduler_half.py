@@ -149,7 +149,8 @@ class SchedulerHalf:
             tx.next_block[g] = max(start, upto)
         job = SaveJob(tx.request.request_id, tx.params.transfer_id,
                       (tx.params.dest_host, tx.params.dest_port), tuple(blocks), tx.num_tokens,
-                      tx.fingerprint, tx.first, last, self._state_slots(ids) if last else ())
+                      tx.fingerprint, tx.first, last, self._state_slots(ids) if last else (),
+                      tx.params.rate_gbps, tx.params.after_prefill)
         tx.first = False
         return job
 

@@ -77,6 +77,7 @@ class WorkerHalf:
         self._reported: set[int] = set()
         self._aborted_reqs: set[str] = set()
         self._meta_sent: set[int] = set()
+        self._held: dict[int, list[Tensor]] = {}  # after_prefill transfers' tensors
         if producer:
             rate = extra.get("rate_gbps")
             self.send = SendLink(SenderConfig(
@@ -124,7 +125,7 @@ class WorkerHalf:
             if not ids:
                 continue
             array, bf16 = to_wire(gather(kv_layer, ids, self._dim(kv_layer)))
-            self.send.submit(job.dest, Tensor(job.transfer_id, layer, f"b{start}", array, bf16))
+            self._submit(job, Tensor(job.transfer_id, layer, f"b{start}", array, bf16))
             self.trace(side="send", tid=job.transfer_id, ev="layer", layer=layer,
                        blocks=len(ids), bytes=int(array.nbytes))
 
@@ -134,7 +135,14 @@ class WorkerHalf:
             return
         self._meta_sent.add(job.transfer_id)
         info = np.array([job.num_tokens, job.fingerprint, self.layout_fingerprint()], np.int64)
-        self.send.submit(job.dest, Tensor(job.transfer_id, 0, META, info))
+        self._submit(job, Tensor(job.transfer_id, 0, META, info))
+
+    def _submit(self, job: SaveJob, item: Tensor) -> None:
+        assert self.send is not None
+        if job.after_prefill:
+            self._held.setdefault(job.transfer_id, []).append(item)
+        else:
+            self.send.submit(job.dest, item, job.rate_gbps)
 
     def end_step(self, meta: PrfaasMetadata) -> None:
         """wait_for_save: on a prompt's last step, its recurrent states, then END."""
@@ -150,9 +158,11 @@ class WorkerHalf:
                     continue
                 for k, part in enumerate(state_parts(self.caches[name])):
                     array, bf16 = to_wire(part[slot : slot + 1])
-                    self.send.submit(job.dest, Tensor(job.transfer_id, self.index_of[name],
-                                                      f"s{k}", array, bf16))
-            self.send.submit(job.dest, Finish(job.transfer_id))
+                    self._submit(job, Tensor(job.transfer_id, self.index_of[name], f"s{k}",
+                                             array, bf16))
+            for item in self._held.pop(job.transfer_id, []):  # send-after-prefill baseline
+                self.send.submit(job.dest, item, job.rate_gbps)
+            self.send.submit(job.dest, Finish(job.transfer_id), job.rate_gbps)
             self._meta_sent.discard(job.transfer_id)
             self.trace(side="send", tid=job.transfer_id, ev="prefill_end")
         for r in self.send.drain():
