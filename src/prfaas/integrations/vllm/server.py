@@ -67,7 +67,8 @@ class VllmSpec:
                "--model", self.model_dir, "--host", self.host, "--port", str(self.port),
                "--served-model-name", self.served_name, "--max-model-len",
                str(self.max_model_len), "--max-num-batched-tokens",
-               str(self.max_num_batched_tokens), "--seed", "0", *self.args]
+               str(self.max_num_batched_tokens), "--seed", "0",
+               "--enable-prompt-tokens-details", *self.args]  # usage reports cached tokens
         kv = self.kv_config()
         if kv is not None:
             cmd += ["--kv-transfer-config", json.dumps(kv)]
