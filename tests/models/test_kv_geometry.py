@@ -31,7 +31,8 @@ def _expected(raw: dict, length: int, dtype: str | None = None) -> float:
             total += n * held * g["kv_heads"] * (g["k_head_dim"] + g["v_head_dim"]) * kv_b
         else:
             conv = g.get("conv_channels", 0) * (g.get("conv_kernel", 1) - 1)
-            total += n * (g["heads"] * g["k_head_dim"] * g["v_head_dim"] + conv) * st_b
+            # recurrent state in state_dtype, short-conv state in the KV dtype (as vLLM)
+            total += n * (g["heads"] * g["k_head_dim"] * g["v_head_dim"] * st_b + conv * kv_b)
     return total
 
 
@@ -41,6 +42,15 @@ def test_catalog_model_sizes_match_models_json(raw: dict, dtype: str | None) -> 
     geo = geometry(find_model(raw["name"]), dtype)
     for length in (1, 100, 1024, 8192, 32768, 131072):
         assert geo.size_bytes(length) == pytest.approx(_expected(raw, length, dtype), rel=1e-12)
+
+
+def test_kimi_linear_fixed_state_keeps_conv_in_kv_dtype() -> None:
+    # 20 KDA layers: 32 heads x 128 x 128 fp32 recurrent state (2 MiB each) plus a bf16
+    # conv state of 3 x 4096 channels x 3 taps = 43,417,600 B = 41.41 MiB (was 42.81 MiB
+    # when the conv state was counted in fp32)
+    geo = geometry(find_model("Kimi-Linear-48B-A3B"))
+    assert geo.linear_state_bytes == 43_417_600
+    assert f"{geo.linear_state_bytes / 2**20:.2f}" == "41.41"
 
 
 def test_catalog_has_every_model_and_alias() -> None:
@@ -77,11 +87,11 @@ def test_custom_swa_by_hand_saturates_at_window() -> None:
 
 
 def test_custom_linear_by_hand_is_constant() -> None:
-    spec = parse_spec({"name": "l", "state_dtype": "fp32", "layers": [
+    spec = parse_spec({"name": "l", "dtype": "bf16", "state_dtype": "fp32", "layers": [
         {"kind": "linear", "count": 4, "heads": 2, "k_head_dim": 8, "v_head_dim": 16,
          "conv_channels": 10, "conv_kernel": 4}]})
     geo = geometry(spec)
-    expected = 4 * (2 * 8 * 16 + 10 * 3) * 4
+    expected = 4 * (2 * 8 * 16 * 4 + 10 * 3 * 2)  # recurrent fp32, conv bf16
     assert geo.state_bytes == expected
     assert geo.size_bytes(1) == geo.size_bytes(100000) == expected
 

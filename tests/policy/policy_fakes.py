@@ -60,3 +60,13 @@ class FakeView:
 def query(input_tokens: int, cached: Mapping[str, int] | None = None, rid: str = "r0"
           ) -> RouteQuery:
     return RouteQuery(RequestInfo(rid, input_tokens, 64, 0.0), dict(cached or {}))
+
+
+def without(view: FakeView, *prefixes: str, link: LinkStatus | None = None) -> FakeView:
+    """A copy of `view` with the instances whose id starts with any of `prefixes` gone (down),
+    and optionally another link status."""
+    loads = [i for i in view.loads if not i.instance_id.startswith(prefixes)] if prefixes \
+        else list(view.loads)
+    return FakeView(loads=loads or [InstanceLoad("none", "none", "prefill")],
+                    link_status=link or view.link_status, now=view.now,
+                    sec_per_token=view.sec_per_token)

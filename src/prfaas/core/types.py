@@ -3,6 +3,14 @@ state it reads (`ClusterView`), and the `RouteDecision` it returns.
 
 The same types are filled by the simulator (from simulated instances) and by the live router
 (from worker reports), so one policy object serves both worlds.
+
+Down parts: a down instance is simply absent from `ClusterView.instances` (the membership layer
+live, scheduled outages in the simulator); a down inter-cluster link is `LinkStatus.up=False`
+(a capacity of 0 counts as down too: `link_usable`). The instances of the PrfaaS cluster stay
+listed while the link is down, so a view reports what is wrong, and the policies treat the
+PrfaaS cluster as unreachable (`policy.base.prefill_pools`). A decision that no path can serve
+is `RouteDecision.no_path` (rejected and `unavailable`: HTTP 503 live), distinct from an
+admission rejection (`RouteDecision.reject`: 429).
 """
 
 from __future__ import annotations
@@ -55,6 +63,12 @@ class LinkStatus:
     egress_gbps: float = 0.0  # recent measured egress (sliding window)
     pending_bytes: float = 0.0  # queued, not yet sent
     retransmits: int = 0
+    up: bool = True  # False: the link is down (partitioned); nothing crosses it
+
+
+def link_usable(link: LinkStatus) -> bool:
+    """KV (and prefixes) can cross the link: it is up and has some capacity."""
+    return link.up and link.capacity_gbps > 0
 
 
 class ClusterView(Protocol):
@@ -99,11 +113,19 @@ class RouteDecision:
     threshold_tokens: int | None = None  # the t in force when decided
     rejected: bool = False
     reason: str = ""
+    unavailable: bool = False  # rejected because no path can serve (not by admission)
 
     @staticmethod
     def reject(reason: str, threshold_tokens: int | None = None) -> RouteDecision:
+        """Refused by admission control (the system could serve it, but not in time)."""
         return RouteDecision(Route.PD, "", None, 0, 0, threshold_tokens=threshold_tokens,
                              rejected=True, reason=reason)
+
+    @staticmethod
+    def no_path(reason: str, threshold_tokens: int | None = None) -> RouteDecision:
+        """No prefill or no decode instance can serve the request now (retry later)."""
+        return RouteDecision(Route.PD, "", None, 0, 0, threshold_tokens=threshold_tokens,
+                             rejected=True, reason=reason, unavailable=True)
 
 
 def best_cached(query: RouteQuery, instances: Sequence[InstanceLoad]) -> int:

@@ -4,8 +4,10 @@
 - mla: per token per layer (kv_lora_rank + rope_head_dim) elements (the compressed latent and
   the shared rope key: what MLA models actually cache).
 - swa: like gqa, but holds min(length, window) tokens.
-- linear: a fixed state of heads * k_head_dim * v_head_dim elements of `state_dtype`, plus a
-  conv state of conv_channels * (conv_kernel - 1) elements of `state_dtype` when present.
+- linear: a fixed recurrent state of heads * k_head_dim * v_head_dim elements of `state_dtype`,
+  plus a conv state of conv_channels * (conv_kernel - 1) elements of the KV `dtype` when
+  present (vLLM keeps the short-conv state in the model's cache dtype and only the recurrent
+  state in the higher-precision state dtype).
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ def _per_token_elems(g: LayerGroup) -> int:
     return 0
 
 
-def _linear_state_elems(g: LayerGroup) -> int:
-    conv = g.conv_channels * (g.conv_kernel - 1) if g.conv_channels else 0
-    return g.heads * g.k_head_dim * g.v_head_dim + conv
+def _recurrent_state_elems(g: LayerGroup) -> int:
+    return g.heads * g.k_head_dim * g.v_head_dim
+
+
+def _conv_state_elems(g: LayerGroup) -> int:
+    return g.conv_channels * (g.conv_kernel - 1) if g.conv_channels else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +65,9 @@ def geometry(spec: ModelSpec, dtype: str | None = None) -> KVGeometry:
     kv_dtype_bytes = DTYPE_BYTES[dtype or spec.dtype]
     state_dtype_bytes = DTYPE_BYTES[spec.state_dtype]
     full = sum(g.count * _per_token_elems(g) for g in spec.layers if g.is_full_attention)
-    linear = sum(g.count * _linear_state_elems(g) for g in spec.layers if g.kind == "linear")
+    linear_groups = [g for g in spec.layers if g.kind == "linear"]
+    recurrent = sum(g.count * _recurrent_state_elems(g) for g in linear_groups)
+    conv = sum(g.count * _conv_state_elems(g) for g in linear_groups)
     swa_groups = tuple(
         (g.count * _per_token_elems(g) * kv_dtype_bytes, g.window)
         for g in spec.layers if g.kind == "swa"
@@ -68,7 +75,7 @@ def geometry(spec: ModelSpec, dtype: str | None = None) -> KVGeometry:
     return KVGeometry(
         model=spec.name,
         kv_bytes_per_token=full * kv_dtype_bytes,
-        linear_state_bytes=linear * state_dtype_bytes,
+        linear_state_bytes=recurrent * state_dtype_bytes + conv * kv_dtype_bytes,
         swa_bytes_per_token=sum(b for b, _ in swa_groups),
         swa_window_tokens=max((w for _, w in swa_groups), default=0),
         swa_full_bytes=sum(b * w for b, w in swa_groups),

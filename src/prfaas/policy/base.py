@@ -3,6 +3,13 @@
 A `Router` turns a `RouteQuery` (request + cached-prefix lengths per instance) and a
 `ClusterView` into a `RouteDecision`. It reads no clock (time is `view.now_s`) and holds no
 sockets, so the simulator and the live router call the same object.
+
+Down parts (core/types.py): a down instance is absent from the view; while the link is down
+(`link_usable` false) the PrfaaS cluster counts as absent (`remote_prefill` is empty). Every
+router then degrades the same way: a request the policy wants on PrfaaS prefills on a PD-P
+instance; one it wants local prefills on PrfaaS only when no PD-P instance is up and the link
+is; with no usable prefill instance, or no decode instance, the decision is
+`RouteDecision.no_path` with the reason (503 live, counted as rejected in the simulator).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from prfaas.core.types import (
     Route,
     RouteDecision,
     RouteQuery,
+    link_usable,
 )
 
 
@@ -113,6 +121,29 @@ def pick_prefill(query: RouteQuery, view: ClusterView, candidates: Sequence[Inst
     return best, cached
 
 
+def remote_prefill(view: ClusterView) -> Sequence[InstanceLoad]:
+    """The PrfaaS prefill instances a request can use: none while the link is down."""
+    prf = view.instances(PRFAAS_CLUSTER, "prefill")
+    return prf if prf and link_usable(view.link()) else ()
+
+
+def route_pool(view: ClusterView, route: Route) -> Sequence[InstanceLoad]:
+    """The prefill instances that can serve `route` now."""
+    return remote_prefill(view) if route is Route.PRFAAS else view.instances(PD_CLUSTER,
+                                                                             "prefill")
+
+
+def no_prefill_reason(view: ClusterView) -> str:
+    """Why no prefill instance can serve (for `RouteDecision.no_path`)."""
+    remote = "no PrfaaS prefill instance up"
+    if view.instances(PRFAAS_CLUSTER, "prefill"):
+        remote = "the inter-cluster link is down"
+    return f"no prefill instance can serve: no PD-P instance up and {remote}"
+
+
+NO_DECODE = "no decode instance up"
+
+
 def pick_decode(view: ClusterView) -> InstanceLoad | None:
     """The decode instance with the most free slots (then the fewest running, then name)."""
     decoders = view.instances(PD_CLUSTER, "decode")
@@ -122,18 +153,28 @@ def pick_decode(view: ClusterView) -> InstanceLoad | None:
                                         d.instance_id))
 
 
-def decide(query: RouteQuery, view: ClusterView, route: Route,
-           threshold: int | None) -> RouteDecision:
-    """Place the prefill in the chosen route's cluster and pick a decode instance."""
-    cluster = PRFAAS_CLUSTER if route is Route.PRFAAS else PD_CLUSTER
-    candidates = view.instances(cluster, "prefill")
+def decide(query: RouteQuery, view: ClusterView, route: Route, threshold: int | None,
+           fallback: bool = True) -> RouteDecision:
+    """Place the prefill in the chosen route's cluster and pick a decode instance. With
+    `fallback`, a route that cannot serve (its cluster down, or the link for PrfaaS) gives way
+    to the other one (`reason` says so)."""
+    candidates = route_pool(view, route)
+    reason = ""
+    if not candidates and fallback:
+        other = Route.PD if route is Route.PRFAAS else Route.PRFAAS
+        candidates = route_pool(view, other)
+        if candidates:
+            reason = f"{route.value} unavailable: fell back to {other.value}"
+            route = other
     if not candidates:
-        return RouteDecision.reject(f"no prefill instance in cluster {cluster}", threshold)
+        return RouteDecision.no_path(no_prefill_reason(view) if fallback else
+                                     f"no {route.value} prefill instance can serve", threshold)
     inst, cached = pick_prefill(query, view, candidates)
     decoder = pick_decode(view)
+    if decoder is None:
+        return RouteDecision.no_path(NO_DECODE, threshold)
     return RouteDecision(
-        route=route, prefill_instance=inst.instance_id,
-        decode_instance=decoder.instance_id if decoder else None,
+        route=route, prefill_instance=inst.instance_id, decode_instance=decoder.instance_id,
         cached_tokens=cached, uncached_tokens=query.request.input_tokens - cached,
-        threshold_tokens=threshold,
+        threshold_tokens=threshold, reason=reason,
     )

@@ -18,6 +18,10 @@ does not flip the regime per request. A link backlog (`pending_bytes`) worth mor
 
 Inside the chosen cluster the node is cache-affine and load-aware: the prefill instance with the
 smallest queue + own service time given the prefix it will hold (ties: longer cache, name).
+
+Down parts (policy/base.py): while the link is down the PrfaaS cluster is treated as absent
+(its caches too: no prefix crosses a down link) and the regime is not updated; a one-sided view
+routes everything to the side that is up; no prefill or no decode instance: `no_path`.
 """
 
 from __future__ import annotations
@@ -35,8 +39,15 @@ from prfaas.core.types import (
     Route,
     RouteDecision,
     RouteQuery,
+    link_usable,
 )
-from prfaas.policy.base import Router, pick_decode, register
+from prfaas.policy.base import (
+    NO_DECODE,
+    Router,
+    no_prefill_reason,
+    pick_decode,
+    register,
+)
 
 GBPS_BYTES = 1e9 / 8
 
@@ -138,12 +149,16 @@ class CacheAwareRouter(Router):
     def route(self, query: RouteQuery, view: ClusterView) -> RouteDecision:
         pd = view.instances(PD_CLUSTER, "prefill")
         prf = view.instances(PRFAAS_CLUSTER, "prefill")
+        link = view.link()
+        link_up = link_usable(link)
+        if not link_up:
+            prf = []  # unreachable, and so are its caches
         if not pd and not prf:
-            return RouteDecision.reject("no prefill instance", self._t)
+            return RouteDecision.no_path(no_prefill_reason(view), self._t)
         total = query.request.input_tokens
         pd_src, l_pd = _holder(query, pd)
         prf_src, l_prf = _holder(query, prf)
-        if self.regime.update(view.link()):
+        if not link_up or self.regime.update(link):
             local_prefix, remote_src, remote_prefix = l_pd, None, 0
         else:
             local_prefix = max(l_pd, l_prf)
@@ -171,9 +186,11 @@ class CacheAwareRouter(Router):
             else:
                 src, moved = None, 0
         decoder = pick_decode(view)
+        if decoder is None:
+            return RouteDecision.no_path(NO_DECODE, self._t)
         return RouteDecision(
             route=route, prefill_instance=inst.instance_id,
-            decode_instance=decoder.instance_id if decoder else None,
+            decode_instance=decoder.instance_id,
             cached_tokens=cached, uncached_tokens=total - cached,
             prefix_source=src, prefix_transfer_tokens=moved, threshold_tokens=self._t,
             reason="scarce" if self.regime.scarce else "abundant")

@@ -24,6 +24,13 @@ happens on the first such solve; moving it *down* needs `agree_solves` consecuti
 all want a lower t, the adopted value being the highest of them. So t reacts to a bandwidth dip
 within one period and returns to its optimum within `agree_solves` periods of recovery
 (`recovery_time_s`). `history` lists (time_s, t) for every change (the metric).
+
+Outages: while the view is degraded (no PrfaaS prefill instance up, no PD-P instance up, or the
+link down) the controller does not solve: routing already falls back around the missing side
+(policy/base.py), an outage says nothing about the workload, and a t solved for it (all or
+nothing offloaded) would take `agree_solves` periods to undo after recovery. Lengths are still
+observed, and the first due solve after recovery runs at once. Losing some instances of a side
+is a real capacity change: t is re-solved for the instances up.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from prfaas.core.errors import ConfigError
-from prfaas.core.types import PD_CLUSTER, PRFAAS_CLUSTER, ClusterView
+from prfaas.core.types import PD_CLUSTER, PRFAAS_CLUSTER, ClusterView, link_usable
 from prfaas.planner.search import PlanInputs, threshold_grid
 from prfaas.planner.throughput import bounds, stage_curves
 from prfaas.workload.lengths import empirical
@@ -133,6 +140,11 @@ class ThresholdController:
         queue_s = sum(i.queued_work_s for i in prf) / len(prf) if prf else 0.0
         return util > self.config.utilization_limit or queue_s > self.config.queue_limit_s
 
+    @staticmethod
+    def _degraded(view: ClusterView) -> bool:
+        return not (view.instances(PRFAAS_CLUSTER, "prefill")
+                    and view.instances(PD_CLUSTER, "prefill") and link_usable(view.link()))
+
     def update(self, view: ClusterView) -> int:
         now = view.now_s
         if not self.history:
@@ -141,7 +153,7 @@ class ThresholdController:
             self._next_solve_s = now + self.config.period_s
         due = now >= self._next_solve_s or (self._urgent(view) and now >= self._next_solve_s
                                             - self.config.period_s / 2)
-        if not due or len(self._window) < self.config.min_window:
+        if not due or len(self._window) < self.config.min_window or self._degraded(view):
             return self.t_tokens
         self._next_solve_s = now + self.config.period_s
         self._apply(now, self._solve(view))

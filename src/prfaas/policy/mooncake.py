@@ -11,6 +11,10 @@ cluster with no length threshold. The cost of an instance is Mooncake's TTFT est
   holding nothing always may); moving it costs `view.kv_transfer_s` when it crosses clusters
   and nothing inside a cluster (RDMA at hundreds of Gbps: small beside a prefill).
 Ties go to the longer cache, then the name. Decode: `pick_decode`.
+
+Down parts (policy/base.py): the candidates are the instances up; while the link is down the
+PrfaaS instances are left out (and so is fetching a prefix across it); none left, or no decode
+instance: `no_path`.
 """
 
 from __future__ import annotations
@@ -25,8 +29,15 @@ from prfaas.core.types import (
     Route,
     RouteDecision,
     RouteQuery,
+    link_usable,
 )
-from prfaas.policy.base import Router, pick_decode, register
+from prfaas.policy.base import (
+    NO_DECODE,
+    Router,
+    no_prefill_reason,
+    pick_decode,
+    register,
+)
 
 Choice = tuple[float, int, str, InstanceLoad, int, str | None, int]
 
@@ -38,10 +49,12 @@ def _usable(cached: int, input_tokens: int) -> int:
 def _decision(choice: Choice, query: RouteQuery, view: ClusterView) -> RouteDecision:
     _, _, _, inst, cached, src, moved = choice
     decoder = pick_decode(view)
+    if decoder is None:
+        return RouteDecision.no_path(NO_DECODE)
     return RouteDecision(
         route=Route.PRFAAS if inst.cluster == PRFAAS_CLUSTER else Route.PD,
         prefill_instance=inst.instance_id,
-        decode_instance=decoder.instance_id if decoder else None,
+        decode_instance=decoder.instance_id,
         cached_tokens=cached, uncached_tokens=query.request.input_tokens - cached,
         prefix_source=src, prefix_transfer_tokens=moved)
 
@@ -51,8 +64,10 @@ class _Conductor(Router):
 
     def route(self, query: RouteQuery, view: ClusterView) -> RouteDecision:
         candidates = view.instances(None, "prefill")
+        if candidates and not link_usable(view.link()):
+            candidates = [i for i in candidates if i.cluster != PRFAAS_CLUSTER]
         if not candidates:
-            return RouteDecision.reject("no prefill instance")
+            return RouteDecision.no_path(no_prefill_reason(view))
         return _decision(min(self._option(query, view, i, candidates) for i in candidates),
                          query, view)
 

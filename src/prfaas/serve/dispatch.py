@@ -85,6 +85,9 @@ class Dispatcher:
                            tuple(hashes))
         query = RouteQuery(info, cached)
         decision = self.policy.route(query, view)
+        if decision.rejected and decision.unavailable:  # no path up: not the client's fault
+            raise ApiError(503, f"no path can serve: {decision.reason}", kind="server_error",
+                           code="unavailable")
         if decision.rejected:
             raise ApiError(429, f"rejected by policy {self.policy.name}: {decision.reason}",
                            kind="rate_limit_error", code="rejected")
