@@ -19,7 +19,8 @@ from prfaas.core.errors import ConfigError
 from prfaas.engine.config import EngineConfig
 from prfaas.engine.kv import ATTN_KINDS, AttnStore, LayerKV, LinearStore, SequenceKV, Store
 from prfaas.engine.model import HybridLM
-from prfaas.engine.sampling import SamplingParams, sample
+from prfaas.engine.penalties import TokenHistory
+from prfaas.engine.sampling import Sampled, SamplingParams, is_stop, sample_full
 from prfaas.engine.tokenizer import ByteTokenizer
 
 
@@ -29,17 +30,22 @@ class PrefillResult:
     logits: torch.Tensor  # [vocab], last prompt position
     first_token: int  # greedy
     num_computed_tokens: int  # tokens computed in this call (prompt minus cached prefix)
+    prompt_logits: torch.Tensor | None = None  # [computed, vocab] when asked (all_logits)
 
 
 @dataclass
 class DecodeSeq:
     """A running request: its cache, the token to feed next and its sampling settings.
-    `step` is the output index of the token the next decode step produces."""
+    `step` is the output index of the token the next decode step produces; `history` holds
+    the tokens penalties look at (None when the request has no penalty); `last` is the last
+    sampled token with its logprobs."""
 
     kv: SequenceKV
     last_token: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     step: int = 1
+    history: TokenHistory | None = None
+    last: Sampled | None = None
 
 
 class Engine:
@@ -63,7 +69,8 @@ class Engine:
         return SequenceKV(stores, [])
 
     def prefill(self, token_ids: list[int], prefix: SequenceKV | None = None,
-                on_layer: Callable[[LayerKV], None] | None = None) -> PrefillResult:
+                on_layer: Callable[[LayerKV], None] | None = None,
+                all_logits: bool = False) -> PrefillResult:
         """Compute the uncached part of the prompt, layer by layer; `on_layer` gets each
         layer's KV of the tokens computed here (full attention) or its state at the end.
 
@@ -74,7 +81,8 @@ class Engine:
         caller can start sending layer i's KV while layer i itself is still computing. Later
         compute never writes to what the hook received (attention rows are gathered copies,
         linear states are replaced, never modified), and it is bitwise what
-        `result.kv.export_layer(i, start, end)` gives after the prefill."""
+        `result.kv.export_layer(i, start, end)` gives after the prefill. `all_logits` also
+        returns every computed position's logits (`prompt_logits`, for prompt logprobs)."""
         self._check_prompt(token_ids)
         start = self._check_prefix(token_ids, prefix)
         kv = prefix.snapshot_at(start) if prefix is not None else self.new_kv()
@@ -85,10 +93,12 @@ class Engine:
             if on_layer is not None:
                 on_layer(kv.export_layer(i, start, end))
 
+        every: list[torch.Tensor] | None = [] if all_logits else None
         with torch.inference_mode():
             ids = torch.tensor(token_ids[start:], dtype=torch.long)
-            logits = self.model.prefill(ids, start, kv.stores, end, kv_ready)
-        return PrefillResult(kv, logits, int(torch.argmax(logits).item()), end - start)
+            logits = self.model.prefill(ids, start, kv.stores, end, kv_ready, every)
+        return PrefillResult(kv, logits, int(torch.argmax(logits).item()), end - start,
+                             every[0] if every else None)
 
     def _check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -154,10 +164,18 @@ class Engine:
         store_a.append(layer.tensors)
         return store_a
 
-    def decode_step(self, batch: list[DecodeSeq]) -> list[int]:
-        """Feed each sequence's last token, append its KV, return one new token per sequence."""
-        if not batch:
-            return []
+    def start(self, kv: SequenceKV, logits: torch.Tensor, params: SamplingParams,
+              prompt_ids: list[int]) -> DecodeSeq:
+        """A running sequence from a prefilled cache: its first token sampled from the last
+        prompt position's logits (output step 0)."""
+        history = TokenHistory(prompt_ids, self.config.vocab_size) if params.penalized else None
+        first = sample_full(logits, params, 0, history, self.tokenizer.eos_id)
+        if history is not None:
+            history.add(first.token)
+        return DecodeSeq(kv, first.token, params, 1, history, first)
+
+    def decode_logits(self, batch: list[DecodeSeq]) -> torch.Tensor:
+        """Feed each sequence's last token and append its KV; the next logits [B, vocab]."""
         for seq in batch:
             if seq.kv.num_tokens >= self.config.max_context_tokens:
                 raise ConfigError("context", seq.kv.num_tokens, "max_context_tokens reached")
@@ -165,30 +183,48 @@ class Engine:
             ids = torch.tensor([s.last_token for s in batch], dtype=torch.long)
             per_layer = [[s.kv.stores[i] for s in batch] for i in range(self.config.num_layers)]
             logits = self.model.decode(ids, per_layer)
-        tokens = []
-        for seq, row in zip(batch, logits, strict=True):
+        for seq in batch:
             if seq.kv.token_ids is not None:
                 seq.kv.token_ids.append(seq.last_token)
-            token = sample(row, seq.sampling, seq.step)
-            seq.last_token, seq.step = token, seq.step + 1
-            tokens.append(token)
+        return logits
+
+    def decode_step(self, batch: list[DecodeSeq]) -> list[int]:
+        """Feed each sequence's last token, append its KV, return one new token per sequence
+        (its logprobs are on `seq.last`)."""
+        if not batch:
+            return []
+        tokens = []
+        for seq, row in zip(batch, self.decode_logits(batch), strict=True):
+            seq.last = sample_full(row, seq.sampling, seq.step, seq.history,
+                                   self.tokenizer.eos_id)
+            if seq.history is not None:
+                seq.history.add(seq.last.token)
+            seq.last_token, seq.step = seq.last.token, seq.step + 1
+            tokens.append(seq.last_token)
         return tokens
 
     def generate(self, token_ids: list[int], max_tokens: int,
                  sampling: SamplingParams | None = None) -> list[int]:
-        """Prefill then decode one request alone; stops at max_tokens or EOS (not returned)."""
+        """Prefill then decode one request alone; stops at max_tokens, EOS or a stop token id
+        (not returned)."""
+        return [s.token for s in self.generate_sampled(token_ids, max_tokens, sampling)]
+
+    def generate_sampled(self, token_ids: list[int], max_tokens: int,
+                         sampling: SamplingParams | None = None) -> list[Sampled]:
+        """`generate` with each output token's logprobs (`sampling.logprobs` alternatives)."""
         params = sampling or SamplingParams()
         if max_tokens <= 0:
             raise ConfigError("max_tokens", max_tokens, "must be positive")
         if len(token_ids) + max_tokens > self.config.max_context_tokens + 1:
             raise ConfigError("max_tokens", max_tokens, "prompt + output exceed the context")
         result = self.prefill(token_ids)
-        seq = DecodeSeq(result.kv, sample(result.logits, params, 0), params, step=1)
-        out: list[int] = []
+        seq = self.start(result.kv, result.logits, params, token_ids)
+        out: list[Sampled] = []
         while True:
-            if seq.last_token == self.tokenizer.eos_id and not params.ignore_eos:
+            assert seq.last is not None
+            if is_stop(seq.last_token, params, self.tokenizer.eos_id):
                 break
-            out.append(seq.last_token)
+            out.append(seq.last)
             if len(out) >= max_tokens:
                 break
             self.decode_step([seq])

@@ -157,15 +157,20 @@ class HybridLM(nn.Module):
         return proj(rms_norm(last_hidden, self.final_norm), self.lm_head)
 
     def prefill(self, token_ids: torch.Tensor, start: int, stores: list[Store], total: int,
-                kv_ready: Callable[[int], None] | None = None) -> torch.Tensor:
+                kv_ready: Callable[[int], None] | None = None,
+                all_logits: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Run tokens [start, start + len) through every layer; returns last-position logits.
         `kv_ready(i)` fires once per layer, in layer order, as soon as stores[i] holds layer
-        i's final cache for these tokens (before layer i's attention for full attention)."""
+        i's final cache for these tokens (before layer i's attention for full attention).
+        `all_logits`, when given, receives the logits of every position [T, vocab] (for
+        prompt logprobs; the returned last row is computed on its own, as without it)."""
         x = self.embed[token_ids]  # [T, D]
         for i in range(len(self.blocks)):
             ready = None if kv_ready is None else partial(kv_ready, i)
             x = self.block(i).prefill(x, start, stores[i], self.cfg.block_size_tokens, total,
                                       ready)
+        if all_logits is not None:
+            all_logits.append(self.logits(x))  # [T, vocab]
         return self.logits(x[-1:])[0]
 
     def decode(self, token_ids: torch.Tensor, stores: list[list[Store]]) -> torch.Tensor:

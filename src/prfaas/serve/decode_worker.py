@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from typing import Any
 
@@ -71,7 +72,7 @@ class DecodeWorker:
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True, "name": self.spec.name, "role": self.spec.role,
-                                  "kv_port": self.receiver.port})
+                                  "pid": os.getpid(), "kv_port": self.receiver.port})
 
     async def status(self, _: web.Request) -> web.Response:
         b = self.batcher
