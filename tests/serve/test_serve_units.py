@@ -68,7 +68,7 @@ def test_parse_completion_and_chat() -> None:
     ({"model": MODEL, "prompt": "x" * 16382, "max_tokens": 3}, "max_tokens"),
     ({"model": MODEL, "prompt": "x" * 16384}, "prompt"),
     ({"model": "other", "prompt": "x"}, "model"),
-    ({"model": MODEL, "prompt": "x", "n": 2}, "n"),
+    ({"model": MODEL, "prompt": "x", "n": 0}, "n"),
     ({"model": MODEL, "prompt": "x", "temperature": 9}, "temperature"),
     ({"model": MODEL, "prompt": [1, 999]}, "prompt"),
 ])
