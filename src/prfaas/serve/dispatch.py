@@ -29,6 +29,12 @@ from prfaas.serve.openai_api import ApiError, GenRequest
 from prfaas.serve.topology import Topology, WorkerSpec
 
 
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    token_id: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
 class AttemptFailed(Exception):
     """One attempt failed; `emitted` says whether tokens already reached the client."""
 
@@ -56,6 +62,8 @@ class Outcome:
     retry_reason: str = ""
     token_ids: list[int] = field(default_factory=list)
     router_s: float = 0.0  # router CPU time, waits on workers excluded
+    transfers: int = 0  # prefills that shipped KV for this request (attempts)
+    prompt_logprobs: list[Any] | None = None  # echo: the prefill's prompt logprobs
 
     def to_json(self) -> dict[str, Any]:
         return {"route": self.route, "prefill_node": self.prefill_node,
@@ -96,7 +104,7 @@ class Dispatcher:
         return query, decision
 
     async def tokens(self, req: GenRequest, query: RouteQuery, decision: RouteDecision,
-                     out: Outcome) -> AsyncIterator[int]:
+                     out: Outcome) -> AsyncIterator[TokenEvent]:
         for attempt in range(self.topology.max_retries + 1):
             self._describe(decision, out)
             try:
@@ -121,7 +129,7 @@ class Dispatcher:
         out.threshold_tokens = decision.threshold_tokens
 
     async def _attempt(self, req: GenRequest, decision: RouteDecision, out: Outcome
-                       ) -> AsyncIterator[int]:
+                       ) -> AsyncIterator[TokenEvent]:
         rid = next(self._ids)
         pre = self.topology.worker(decision.prefill_instance)
         dec = self.topology.worker(decision.decode_instance or "")
@@ -131,9 +139,9 @@ class Dispatcher:
         self.cluster.start(dec.name)
         self.cluster.monitor.add_pending(pending_bytes)
         t = self.topology.timeouts
+        sampling = req.sampling()
         body = {"request_id": rid, "token_ids": req.token_ids, "max_tokens": req.max_tokens,
-                "sampling": {"temperature": req.temperature, "top_p": req.top_p,
-                             "seed": req.seed, "ignore_eos": req.ignore_eos}}
+                "sampling": sampling}
         prefill: asyncio.Task[dict[str, Any]] | None = None
         emitted = False
         try:
@@ -144,8 +152,9 @@ class Dispatcher:
                     raise AttemptFailed(f"decode {dec.name} answered HTTP {resp.status}")
                 ready = await self._event(resp, None, t.connect_s + t.token_s)
                 out.decode_cached_tokens = int(ready.get("cached_tokens", 0))
-                prefill = asyncio.create_task(self._prefill(pre, dec, rid, req.token_ids,
-                                                            out.decode_cached_tokens))
+                prefill = asyncio.create_task(self._prefill(
+                    pre, dec, rid, req.token_ids, out.decode_cached_tokens,
+                    sampling.get("prompt_logprobs")))
                 first_wait = t.prefill_s + t.kv_s
                 while True:
                     event = await self._event(resp, None if emitted else prefill,
@@ -154,7 +163,8 @@ class Dispatcher:
                     if kind == "token":
                         emitted = True
                         out.token_ids.append(int(event["id"]))
-                        yield int(event["id"])
+                        yield TokenEvent(int(event["id"]), {k: v for k, v in event.items()
+                                                            if k not in ("event", "id")})
                     elif kind == "done":
                         out.finish_reason = str(event.get("finish_reason", "stop"))
                         self._apply_cache(dec.name, event.get("cache"))
@@ -206,9 +216,12 @@ class Dispatcher:
         return event
 
     async def _prefill(self, pre: WorkerSpec, dec: WorkerSpec, rid: int, token_ids: list[int],
-                       ship_from: int) -> dict[str, Any]:
-        body = {"request_id": rid, "token_ids": token_ids, "ship_from_tokens": ship_from,
-                "dest": {"host": dec.host, "port": dec.kv_port}}
+                       ship_from: int, prompt_logprobs: int | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"request_id": rid, "token_ids": token_ids,
+                                "ship_from_tokens": ship_from,
+                                "dest": {"host": dec.host, "port": dec.kv_port}}
+        if prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs
         t = self.topology.timeouts
         timeout = aiohttp.ClientTimeout(total=t.prefill_s, sock_connect=t.connect_s)
         try:
@@ -229,6 +242,9 @@ class Dispatcher:
         out.prefill_s = float(reply.get("prefill_s", 0.0))
         out.prefill_queue_s = float(reply.get("queue_s", 0.0))
         out.transfer_tail_s = float(reply.get("transfer_tail_s", 0.0))
+        out.transfers += 1
+        if isinstance(reply.get("prompt_logprobs"), list):
+            out.prompt_logprobs = reply["prompt_logprobs"]
         computed = int(reply.get("computed_tokens", 0))
         if computed > 0:
             self.cluster.measured(pre.name, out.prefill_s / computed)

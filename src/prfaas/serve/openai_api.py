@@ -9,9 +9,7 @@ Which fields are honoured and which refused: openai_params.py (nothing is silent
 
 from __future__ import annotations
 
-import codecs
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,47 +178,3 @@ def _parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: in
         logprobs=op.logprobs(body, chat), echo=echo,
         prompt_text=tokenizer.decode(ids) if echo else "", n=n, best_of=best_of,
         include_usage=op.include_usage(body))
-
-
-class TextStream:
-    """Token ids -> text deltas; incremental UTF-8 so a multi-byte character is emitted whole."""
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def feed(self, token: int) -> str:
-        return self._decoder.decode(bytes([token])) if token < 256 else ""
-
-    def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
-
-
-def _envelope(req: GenRequest, rid: str, chunk: bool) -> dict[str, Any]:
-    kind = ("chat.completion.chunk" if chunk else "chat.completion") if req.chat else (
-        "text_completion")
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": req.model}
-
-
-def chunk_body(req: GenRequest, rid: str, text: str, finish: str | None,
-               first: bool = False) -> dict[str, Any]:
-    out = _envelope(req, rid, chunk=True)
-    if req.chat:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text:
-            delta["content"] = text
-        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-    else:
-        out["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
-    return out
-
-
-def full_body(req: GenRequest, rid: str, text: str, finish: str,
-              usage: dict[str, int]) -> dict[str, Any]:
-    out = _envelope(req, rid, chunk=False)
-    if req.chat:
-        out["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text},
-                           "finish_reason": finish, "logprobs": None}]
-    else:
-        out["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
-    out["usage"] = usage
-    return out

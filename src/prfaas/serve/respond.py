@@ -22,7 +22,7 @@ from prfaas.serve.choices import (
     merge_completion_logprobs,
     prompt_entries,
 )
-from prfaas.serve.openai_api import GenRequest
+from prfaas.serve.openai_api import ApiError, GenRequest
 
 
 class Reply:
@@ -106,3 +106,26 @@ class Reply:
         return {"prompt_tokens": n_in, "completion_tokens": n_out,
                 "total_tokens": n_in + n_out,
                 "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def feed(reply: Reply, event: Any) -> list[dict[str, Any]]:
+    """A backend's token event (`token_id`, `extra`: `seq`, `lp`, `top`) into the reply."""
+    extra = event.extra
+    try:
+        top = tuple((int(t), float(v)) for t, v in extra.get("top", ()))
+        return reply.token(int(extra.get("seq", 0)), event.token_id,
+                           float(extra.get("lp", 0.0)), top)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(502, f"malformed token event from the decode worker: {exc}",
+                       kind="server_error", code="bad_worker_reply") from exc
+
+
+def prompt_logprobs(req: GenRequest, out: Any) -> list[Any] | None:
+    """The prefill's prompt logprobs when `echo` + `logprobs` needs them (else None)."""
+    if not (req.echo and req.logprobs is not None):
+        return None
+    got = out.prompt_logprobs
+    if not isinstance(got, list) or len(got) != len(req.token_ids) - 1:
+        raise ApiError(502, "the prefill worker returned no prompt logprobs for echo",
+                       kind="server_error", code="bad_worker_reply")
+    return got
