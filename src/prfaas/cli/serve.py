@@ -47,7 +47,7 @@ def command(topology_path: str | None, port: int | None, policy: str | None,
     if not 0 <= topo.router_port < 65536:
         raise ConfigError("--port", topo.router_port, "must be in [0, 65535]")
     build_policy(topo)  # a bad --policy/--threshold fails here, before any process starts
-    deployment = Deployment(topo, log_dir)
+    deployment = Deployment(topo, log_dir, log=lambda m: click.echo(f"launcher: {m}", err=True))
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         click.echo(f"starting {len(topo.workers)} workers + router of '{topo.name}' "
@@ -57,11 +57,7 @@ def command(topology_path: str | None, port: int | None, policy: str | None,
             click.echo(f"  {w.name:<12} {w.role:<7} {w.url}")
         click.echo(f"router: {deployment.url}  (policy {topo.policy} {topo.policy_args}); "
                    "Ctrl-C stops everything")
-        while True:
-            dead = [name for name, ok in deployment.alive().items() if not ok]
-            if dead:
-                click.echo(f"component exited: {dead}\n{deployment.log_tail(dead[0])}", err=True)
-                raise SystemExit(1)
+        while True:  # the supervisor restarts what exits; only a signal ends the deployment
             time.sleep(0.5)
     except (KeyboardInterrupt, _Stop):
         click.echo("stopping")

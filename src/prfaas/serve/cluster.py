@@ -9,7 +9,8 @@ cache-aware regime switch read: capacity = the topology's `link.rate_gbps` (the 
 rate), egress = the router's LinkMonitor over the last `LINK_WINDOW_S`, fed with the bytes each
 PrfaaS prefill reports having shipped, and pending = the predicted KV bytes of PrfaaS requests
 dispatched but not yet delivered. The PrfaaS queue is each worker's in-flight requests and
-their predicted prefill seconds. The clock is read here, never in the policy: `now_s` is a
+their predicted prefill seconds. Workers the membership layer holds down are left out of
+`instances`, so a policy never picks one. The clock is read here, never in the policy: `now_s` is a
 snapshot taken when the view is built.
 """
 
@@ -45,6 +46,7 @@ class LiveCluster:
         self.geometry = geometry
         self.loads = {w.name: _Load(w) for w in topology.workers}
         self.monitor = LinkMonitor(window_s=LINK_WINDOW_S)
+        self.down: frozenset[str] = frozenset()  # kept by serve/membership.py; not in the view
         self._t0 = time.monotonic()
 
     def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
@@ -99,6 +101,8 @@ class LiveView:
         out = []
         for load in self._c.loads.values():
             w = load.spec
+            if w.name in self._c.down:
+                continue
             w_role: Role = "prefill" if w.is_prefill else "decode"
             if (cluster is not None and w.cluster != cluster) or (role and w_role != role):
                 continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from typing import Any
 
@@ -37,9 +38,10 @@ _FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penal
 _INTS = ("seed", "top_k", "min_tokens")
 
 
-def sampling_from(raw: object) -> tuple[SamplingParams, int, tuple[str, ...]]:
+def sampling_from(raw: object) -> tuple[SamplingParams, int, tuple[str, ...], int]:
     """The /generate `sampling` dict -> (params, n sequences, stop strings); absent keys take
-    SamplingParams' defaults (greedy), so older routers' bodies keep working."""
+    SamplingParams' defaults (greedy), so older routers' bodies keep working. The 4th value,
+    `output_offset`, is how many of the prompt's last tokens a resumed request generated."""
     m = raw if isinstance(raw, dict) else {}
     try:
         kw: dict[str, Any] = {k: float(m[k]) for k in _FLOATS if m.get(k) is not None}
@@ -51,9 +53,10 @@ def sampling_from(raw: object) -> tuple[SamplingParams, int, tuple[str, ...]]:
             kw["logprobs"] = int(m["logprobs"])
         n = int(m.get("n", 1))
         stops = tuple(str(x) for x in m.get("stop") or ())
-        if not 1 <= n <= 64:
-            raise ValueError(f"n={n} must be in [1, 64]")
-        return SamplingParams(**kw), n, stops
+        offset = int(m.get("output_offset", 0))
+        if not 1 <= n <= 64 or (n > 1 and offset):
+            raise ValueError(f"n={n} must be in [1, 64] (1 when resuming)")
+        return SamplingParams(**kw), n, stops, offset
     except (TypeError, ValueError) as exc:
         raise ProtocolError("sampling", raw, str(exc)) from exc
 
@@ -91,7 +94,7 @@ class DecodeWorker:
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True, "name": self.spec.name, "role": self.spec.role,
-                                  "kv_port": self.receiver.port})
+                                  "pid": os.getpid(), "kv_port": self.receiver.port})
 
     async def status(self, _: web.Request) -> web.Response:
         b = self.batcher
@@ -122,7 +125,10 @@ class DecodeWorker:
             rid = get_int(body, "request_id")
             token_ids = get_tokens(body)
             max_tokens = get_int(body, "max_tokens", minimum=0)
-            params, n, stops = sampling_from(body.get("sampling"))
+            params, n, stops, offset = sampling_from(body.get("sampling"))
+            if offset >= len(token_ids):
+                raise ProtocolError("sampling.output_offset", offset, "must be below the "
+                                    f"prompt length {len(token_ids)}")
         except ProtocolError as exc:
             return error_reply(400, "bad_request", str(exc))
         prefix = self.store.lookup(token_ids, len(token_ids) - 1) if self._can_cache else None
@@ -132,7 +138,7 @@ class DecodeWorker:
                                "cached_tokens": prefix.num_tokens if prefix else 0}))
         try:
             actives, info = await self._admit(rid, token_ids, prefix, max_tokens, params, n,
-                                              stops)
+                                              stops, offset)
         except (PrfaasError, asyncio.CancelledError) as exc:
             task = asyncio.current_task()
             if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
@@ -148,8 +154,8 @@ class DecodeWorker:
         return resp
 
     async def _admit(self, rid: int, token_ids: list[int], prefix: SequenceKV | None,
-                     max_tokens: int, params: SamplingParams, n: int, stops: tuple[str, ...]
-                     ) -> tuple[list[Active], dict[str, Any]]:
+                     max_tokens: int, params: SamplingParams, n: int, stops: tuple[str, ...],
+                     offset: int = 0) -> tuple[list[Active], dict[str, Any]]:
         t0 = time.perf_counter()
         self.kv_waiting += 1
         wait = asyncio.create_task(self.receiver.wait_request(rid, self.topology.timeouts.kv_s))
@@ -170,9 +176,10 @@ class DecodeWorker:
         actives = []
         for i in range(n if max_tokens > 0 else 0):
             own = kv if i == 0 else kv.snapshot_at(kv.num_tokens)  # a fork shares full blocks
-            seq = self.engine.start(own, shipped.logits, params.for_sequence(i), token_ids)
+            seq = self.engine.start(own, shipped.logits, params.for_sequence(i), token_ids,
+                                    offset)
             active = Active(seq, max_tokens, events=events, index=i,
-                            stops=StopText(stops, params.min_tokens) if stops else None)
+                            stops=_stop_text(stops, params.min_tokens, token_ids, offset))
             assert seq.last is not None
             if not active.offer(seq.last, self.engine.tokenizer.eos_id):
                 self.batcher.admit(active)
@@ -224,6 +231,17 @@ class DecodeWorker:
             for a in actives:
                 a.cancelled = True  # the router went away: free the batch slots
             raise
+
+
+def _stop_text(stops: tuple[str, ...], min_tokens: int, token_ids: list[int], offset: int
+               ) -> StopText | None:
+    """The stop matcher, already fed a resumed request's earlier output."""
+    if not stops:
+        return None
+    text = StopText(stops, min_tokens)
+    for token in token_ids[len(token_ids) - offset:]:
+        text.feed(token)
+    return text
 
 
 def _has_state_at(kv: SequenceKV, num_tokens: int) -> bool:

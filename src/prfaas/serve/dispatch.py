@@ -2,45 +2,45 @@
 
 `Dispatcher.route` hashes the prompt's blocks, asks the GlobalKVCacheManager which instance
 holds how much, and calls the policy (the same object the simulator calls) with a LiveView.
-`Dispatcher.tokens` then runs one attempt: open the decode worker's NDJSON stream (it answers
-`ready` with the prefix it holds), ask the prefill worker to compute and ship the rest, and
-relay tokens. Until the first token, a failure anywhere (prefill 502, transfer error reported by
-the decode worker, a timeout) cancels the attempt and retries on the local PD path, up to
-`max_retries`; after it, the stream ends with a clear error. Every wait has a timeout.
+`Dispatcher.tokens` then runs attempts through a `WorkerBackend` (serve/backends/: one attempt
+on one (prefill, decode) pair, in the workers' protocol) and keeps the router's bookkeeping
+(loads, link pending bytes, cache deltas) around each. A failed attempt (prefill 502, transfer
+error, a timeout, a worker going down: failover.guarded) is retried on the local PD path when
+no token was sent yet, or resumed when some were: prompt + emitted tokens is re-prefilled on a
+healthy path and decoding continues there for the tokens left; the client sees one unbroken
+stream (`retried` / `resumed` in the `prfaas` object). At most `max_retries` failures per
+request; a path that is down is waited for up to `health.path_wait_s`. Every wait is bounded;
+the KV one by a deadline from the predicted transfer time (`kv_deadline`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-import time
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from prfaas.cache import GlobalKVCacheManager, chain_hashes
-from prfaas.core.types import RequestInfo, Route, RouteDecision, RouteQuery
-from prfaas.policy.base import Router, decide
-from prfaas.serve.cluster import LiveCluster
+from prfaas.core.types import RequestInfo, RouteDecision, RouteQuery
+from prfaas.engine.tokenizer import ByteTokenizer
+from prfaas.policy.base import Router
+from prfaas.serve.backends import (
+    Attempt,
+    AttemptFailed,
+    AttemptReport,
+    TokenEvent,
+    WorkerBackend,
+    make_backend,
+)
+from prfaas.serve.cluster import UNSHAPED_GBPS, LiveCluster
+from prfaas.serve.failover import guarded, next_path, resume_query
+from prfaas.serve.membership import Membership
 from prfaas.serve.openai_api import ApiError, GenRequest
 from prfaas.serve.topology import Topology, WorkerSpec
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    token_id: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class AttemptFailed(Exception):
-    """One attempt failed; `emitted` says whether tokens already reached the client."""
-
-    def __init__(self, message: str, emitted: bool = False) -> None:
-        super().__init__(message)
-        self.emitted = emitted
 
 
 @dataclass(slots=True)
@@ -60,10 +60,12 @@ class Outcome:
     finish_reason: str = ""
     retried: bool = False
     retry_reason: str = ""
+    resumed: int = 0  # times the request continued on another path after tokens were sent
+    resume_reason: str = ""
     token_ids: list[int] = field(default_factory=list)
     router_s: float = 0.0  # router CPU time, waits on workers excluded
-    transfers: int = 0  # prefills that shipped KV for this request (attempts)
-    prompt_logprobs: list[Any] | None = None  # echo: the prefill's prompt logprobs
+    transfers: int = 0  # prefills that shipped KV for this request (one per attempt; n > 1: 1)
+    prompt_logprobs: list[Any] | None = None  # echo + logprobs: the prefill's, for the prompt
 
     def to_json(self) -> dict[str, Any]:
         return {"route": self.route, "prefill_node": self.prefill_node,
@@ -72,14 +74,21 @@ class Outcome:
                 "threshold_tokens": self.threshold_tokens, "prefill_s": self.prefill_s,
                 "prefill_queue_s": self.prefill_queue_s, "transfer_tail_s": self.transfer_tail_s,
                 "retried": self.retried, "retry_reason": self.retry_reason,
+                "resumed": self.resumed, "resume_reason": self.resume_reason,
                 "token_ids": self.token_ids, "router_overhead_s": self.router_s}
 
 
 class Dispatcher:
     def __init__(self, topology: Topology, cluster: LiveCluster, manager: GlobalKVCacheManager,
-                 policy: Router, session: aiohttp.ClientSession, block_size_tokens: int) -> None:
+                 policy: Router, session: aiohttp.ClientSession, block_size_tokens: int,
+                 backend: WorkerBackend | None = None, membership: Membership | None = None
+                 ) -> None:
         self.topology, self.cluster, self.manager = topology, cluster, manager
         self.policy, self.session = policy, session
+        self.backend = backend or make_backend("native", session=session)
+        self.membership = membership
+        self.queued: Counter[str] = Counter()  # attempts waiting for their first token, by prefill
+        self.eos_id = ByteTokenizer().eos_id
         self.block_size_tokens = block_size_tokens
         self._ids = itertools.count(1)
 
@@ -95,32 +104,73 @@ class Dispatcher:
         decision = self.policy.route(query, view)
         if decision.rejected and decision.unavailable:  # no path up: not the client's fault
             raise ApiError(503, f"no path can serve: {decision.reason}", kind="server_error",
-                           code="unavailable")
+                           code="unavailable", retry_after_s=self.topology.health.retry_after_s)
         if decision.rejected:
             raise ApiError(429, f"rejected by policy {self.policy.name}: {decision.reason}",
                            kind="rate_limit_error", code="rejected")
         if decision.decode_instance is None:
-            raise ApiError(503, "no decode instance available", kind="server_error")
+            raise ApiError(503, "no decode instance available", kind="server_error",
+                           code="unavailable", retry_after_s=self.topology.health.retry_after_s)
+        admission = self.topology.admission
+        if self.queued[decision.prefill_instance] >= admission.max_queued_per_prefill:
+            raise ApiError(429, f"prefill queue of {decision.prefill_instance} is full "
+                                f"({admission.max_queued_per_prefill} waiting)",
+                           kind="rate_limit_error", code="queue_full",
+                           retry_after_s=admission.retry_after_s)
         return query, decision
 
     async def tokens(self, req: GenRequest, query: RouteQuery, decision: RouteDecision,
                      out: Outcome) -> AsyncIterator[TokenEvent]:
-        for attempt in range(self.topology.max_retries + 1):
+        """The request's tokens, across attempts: a failed one is retried on the local path
+        (no token sent yet) or resumed from the tokens already sent (see failover.py)."""
+        failures = 0
+        while True:
             self._describe(decision, out)
             try:
-                async for token in self._attempt(req, decision, out):
-                    yield token
+                async for event in self._attempt(req, decision, out):
+                    yield event
                 return
             except AttemptFailed as exc:
-                if exc.emitted or attempt == self.topology.max_retries:
-                    raise ApiError(502, f"request failed on {out.prefill_node} -> "
-                                        f"{out.decode_node}: {exc}", kind="server_error",
-                                   code="transfer_failed") from exc
-                out.retried, out.retry_reason = True, str(exc)
-                decision = decide(query, self.cluster.view(), Route.PD, decision.threshold_tokens)
-                if decision.rejected or decision.decode_instance is None:
-                    raise ApiError(502, f"{exc}; no local path to retry on: {decision.reason}",
+                failures += 1
+                if exc.worker and self.membership is not None:
+                    self.membership.suspect(exc.worker, str(exc))
+                where = f"{out.prefill_node} -> {out.decode_node}"
+                if failures > self.topology.max_retries:
+                    raise ApiError(502, f"request failed on {where}: {exc}",
                                    kind="server_error", code="transfer_failed") from exc
+                if out.token_ids and req.best_of > 1:  # n sequences' tokens: no one prefix
+                    raise ApiError(502, f"request failed on {where} after tokens of its "
+                                        f"{req.best_of} sequences were sent: {exc}",
+                                   kind="server_error", code="transfer_failed") from exc
+                if out.token_ids:
+                    out.resumed += 1
+                    out.resume_reason = f"{where}: {exc}"
+                else:
+                    out.retried, out.retry_reason = True, str(exc)
+                if self._finished(req, out):
+                    return
+                decision = await self._next_path(query, out, decision, exc)
+
+    async def _next_path(self, query: RouteQuery, out: Outcome, failed: RouteDecision,
+                         exc: AttemptFailed) -> RouteDecision:
+        health = self.topology.health
+        decision = await next_path(resume_query(query, len(out.token_ids)), self.cluster.view,
+                                   failed.threshold_tokens, health.path_wait_s,
+                                   health.interval_s)
+        if decision.rejected or decision.decode_instance is None:
+            raise ApiError(502, f"{exc}; no local path to retry on: {decision.reason}",
+                           kind="server_error", code="transfer_failed") from exc
+        return decision
+
+    def _finished(self, req: GenRequest, out: Outcome) -> bool:
+        """The failed attempt had already sent every token (only `done` was missing)."""
+        if len(out.token_ids) >= req.max_tokens:
+            out.finish_reason = "length"
+            return True
+        if out.token_ids and out.token_ids[-1] == self.eos_id and not req.ignore_eos:
+            out.finish_reason = "stop"
+            return True
+        return False
 
     def _describe(self, decision: RouteDecision, out: Outcome) -> None:
         out.route = decision.route.value
@@ -130,129 +180,77 @@ class Dispatcher:
 
     async def _attempt(self, req: GenRequest, decision: RouteDecision, out: Outcome
                        ) -> AsyncIterator[TokenEvent]:
-        rid = next(self._ids)
         pre = self.topology.worker(decision.prefill_instance)
         dec = self.topology.worker(decision.decode_instance or "")
         work_s = self.cluster.prefill_time_s(pre.name, len(req.token_ids), decision.cached_tokens)
         pending_bytes = self.cluster.kv_expected_bytes(pre, decision.uncached_tokens)
+        t = self.topology.timeouts
+        # a resumed request: what was generated is prompt now, and counts against max_tokens
+        prompt = req.token_ids + out.token_ids
+        sampling = req.sampling()
+        if out.token_ids:  # the decoder counts them as output (penalties, seed steps, stops)
+            sampling["output_offset"] = len(out.token_ids)
+        attempt = Attempt(next(self._ids), prompt, req.max_tokens - len(out.token_ids),
+                          sampling,
+                          pre, dec, first_token_s=t.prefill_s + t.kv_s, prefill_s=t.prefill_s,
+                          kv_deadline_s=self._kv_deadline_s(pre, decision.uncached_tokens),
+                          token_s=t.token_s, connect_s=t.connect_s)
+        report = AttemptReport()
         self.cluster.start(pre.name, work_s)
         self.cluster.start(dec.name)
         self.cluster.monitor.add_pending(pending_bytes)
-        t = self.topology.timeouts
-        sampling = req.sampling()
-        body = {"request_id": rid, "token_ids": req.token_ids, "max_tokens": req.max_tokens,
-                "sampling": sampling}
-        prefill: asyncio.Task[dict[str, Any]] | None = None
-        emitted = False
+        self.queued[pre.name] += 1
+        first = True
         try:
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s)
-            async with self.session.post(f"{dec.url}/generate", json=body,
-                                         timeout=timeout) as resp:
-                if resp.status != 200:
-                    raise AttemptFailed(f"decode {dec.name} answered HTTP {resp.status}")
-                ready = await self._event(resp, None, t.connect_s + t.token_s)
-                out.decode_cached_tokens = int(ready.get("cached_tokens", 0))
-                prefill = asyncio.create_task(self._prefill(
-                    pre, dec, rid, req.token_ids, out.decode_cached_tokens,
-                    sampling.get("prompt_logprobs")))
-                first_wait = t.prefill_s + t.kv_s
-                while True:
-                    event = await self._event(resp, None if emitted else prefill,
-                                              t.token_s if emitted else first_wait)
-                    kind = event.get("event")
-                    if kind == "token":
-                        emitted = True
-                        out.token_ids.append(int(event["id"]))
-                        yield TokenEvent(int(event["id"]), {k: v for k, v in event.items()
-                                                            if k not in ("event", "id")})
-                    elif kind == "done":
-                        out.finish_reason = str(event.get("finish_reason", "stop"))
-                        self._apply_cache(dec.name, event.get("cache"))
-                        break
-                    else:
-                        raise AttemptFailed(f"decode {dec.name}: {event.get('message', event)}",
-                                            emitted)
-                self._prefill_done(pre, await asyncio.wait_for(prefill, t.prefill_s), out)
-        except AttemptFailed as exc:
-            exc.emitted = exc.emitted or emitted
-            await self._cancel(dec, rid)
-            raise
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            await self._cancel(dec, rid)
-            raise AttemptFailed(f"{type(exc).__name__}: {exc}", emitted) from exc
+            async for event in guarded(self.backend.run(attempt, report),
+                                       lambda: self._watch(pre, dec, report)):
+                if first:
+                    self.queued[pre.name] -= 1
+                    first = False
+                out.token_ids.append(event.token_id)
+                yield event
+            out.finish_reason = report.finish_reason
         finally:
-            if prefill is not None and not prefill.done():
-                prefill.cancel()
+            if first:
+                self.queued[pre.name] -= 1
+            self._apply_report(pre, report, out)
             self.cluster.finish(pre.name, work_s)
             self.cluster.finish(dec.name)
             self.cluster.monitor.remove_pending(pending_bytes)
 
-    async def _event(self, resp: aiohttp.ClientResponse, prefill: asyncio.Task[Any] | None,
-                     timeout_s: float) -> dict[str, Any]:
-        """The decode stream's next event; a failed prefill ends the wait early."""
-        read = asyncio.ensure_future(resp.content.readline())
-        waits: set[asyncio.Future[Any]] = {read}
-        if prefill is not None and not prefill.done():
-            waits.add(prefill)
-        elif prefill is not None and prefill.exception() is not None:
-            read.cancel()
-            raise AttemptFailed(str(prefill.exception()))
-        deadline = time.monotonic() + timeout_s
-        while not read.done():
-            done, _ = await asyncio.wait(waits, timeout=max(deadline - time.monotonic(), 0),
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if not done:
-                read.cancel()
-                raise AttemptFailed(f"no event from the decode worker within {timeout_s:.0f} s")
-            if prefill in done:
-                waits.discard(prefill)
-                if prefill.exception() is not None:
-                    read.cancel()
-                    raise AttemptFailed(str(prefill.exception()))
-        raw = read.result()
-        if not raw:
-            raise AttemptFailed("the decode worker closed the stream early")
-        event: dict[str, Any] = json.loads(raw)
-        return event
+    def _watch(self, pre: WorkerSpec, dec: WorkerSpec, report: AttemptReport
+               ) -> list[tuple[str, asyncio.Event]]:
+        """The workers whose loss ends the attempt now: the prefill one until it answered."""
+        if self.membership is None:
+            return []
+        names = [dec.name] if report.prefill_done else [pre.name, dec.name]
+        return [(n, self.membership.down_event(n)) for n in names]
 
-    async def _prefill(self, pre: WorkerSpec, dec: WorkerSpec, rid: int, token_ids: list[int],
-                       ship_from: int, prompt_logprobs: int | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"request_id": rid, "token_ids": token_ids,
-                                "ship_from_tokens": ship_from,
-                                "dest": {"host": dec.host, "port": dec.kv_port}}
-        if prompt_logprobs is not None:
-            body["prompt_logprobs"] = prompt_logprobs
-        t = self.topology.timeouts
-        timeout = aiohttp.ClientTimeout(total=t.prefill_s, sock_connect=t.connect_s)
-        try:
-            async with self.session.post(f"{pre.url}/prefill", json=body,
-                                         timeout=timeout) as resp:
-                reply: dict[str, Any] = await resp.json(content_type=None)
-                if resp.status != 200:
-                    err = reply.get("error", {}) if isinstance(reply, dict) else {}
-                    raise AttemptFailed(f"prefill {pre.name} answered HTTP {resp.status}: "
-                                        f"{err.get('message', reply)}")
-                return reply
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise AttemptFailed(f"prefill {pre.name}: {type(exc).__name__}: {exc}") from exc
+    def _kv_deadline_s(self, pre: WorkerSpec, shipped_tokens: int) -> float:
+        """How long the KV may take after the prefill computed: the predicted transfer time
+        on this worker's link, times a margin, with a floor (resilience.DeadlineSpec)."""
+        rate = self.topology.link_of(pre).rate_gbps or UNSHAPED_GBPS
+        predicted_s = self.cluster.geometry.size_bytes(max(shipped_tokens, 1)) * 8 / (rate * 1e9)
+        return min(self.topology.kv_deadline.deadline_s(predicted_s), self.topology.timeouts.kv_s)
 
-    def _prefill_done(self, pre: WorkerSpec, reply: dict[str, Any], out: Outcome) -> None:
-        out.cached_tokens = int(reply.get("cached_tokens", 0))
-        out.kv_bytes = int(reply.get("kv_bytes", 0))
-        out.prefill_s = float(reply.get("prefill_s", 0.0))
-        out.prefill_queue_s = float(reply.get("queue_s", 0.0))
-        out.transfer_tail_s = float(reply.get("transfer_tail_s", 0.0))
+    def _apply_report(self, pre: WorkerSpec, report: AttemptReport, out: Outcome) -> None:
+        out.decode_cached_tokens = report.decode_cached_tokens
+        for pool, delta in report.cache_deltas:
+            self._apply_cache(pool, delta)
+        if not report.prefill_done:
+            return
+        out.cached_tokens, out.kv_bytes = report.cached_tokens, report.kv_bytes
+        out.prefill_s, out.prefill_queue_s = report.prefill_s, report.prefill_queue_s
+        out.transfer_tail_s = report.transfer_tail_s
         out.transfers += 1
-        if isinstance(reply.get("prompt_logprobs"), list):
-            out.prompt_logprobs = reply["prompt_logprobs"]
-        computed = int(reply.get("computed_tokens", 0))
-        if computed > 0:
-            self.cluster.measured(pre.name, out.prefill_s / computed)
-        self.cluster.shipped(pre, out.kv_bytes)
-        self._apply_cache(pre.name, reply.get("cache"))
+        if out.prompt_logprobs is None:
+            out.prompt_logprobs = report.prompt_logprobs
+        if report.computed_tokens > 0:
+            self.cluster.measured(pre.name, report.prefill_s / report.computed_tokens)
+        self.cluster.shipped(pre, report.kv_bytes)
 
     def _apply_cache(self, pool: str, delta: object) -> None:
-        if not isinstance(delta, dict):
+        if not isinstance(delta, Mapping):
             return
         inserted = [int(h) for h in delta.get("inserted", [])]
         evicted = [int(h) for h in delta.get("evicted", [])]
@@ -260,12 +258,3 @@ class Dispatcher:
             self.manager.on_evict(pool, evicted, evicted)
         if inserted:
             self.manager.on_insert(pool, inserted, inserted)
-
-    async def _cancel(self, dec: WorkerSpec, rid: int) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.topology.timeouts.connect_s)
-        try:
-            async with self.session.post(f"{dec.url}/cancel", json={"request_id": rid},
-                                         timeout=timeout) as resp:
-                await resp.read()
-        except (aiohttp.ClientError, TimeoutError):
-            pass  # the decode worker is gone or busy; its own kv timeout ends the wait

@@ -3,10 +3,12 @@
 `Deployment(topology).start()` resolves port 0 to free ports, writes the resolved topology
 beside the logs, spawns every worker then the router (`python -m prfaas.serve.proc`), and waits
 until each answers `GET /health` (a process that exits early fails the start, with the tail of
-its log). `stop()` sends SIGTERM, waits, then SIGKILLs what is left; it is also the context
-manager's exit. Workers whose host is not this one, and those named `external`, are expected
-to be run by someone else. With `link.emulation: netns` it first creates the shaped namespace
-(serve/netns.py), runs the PrfaaS workers inside it and removes it on stop.
+its log). Once up, a Supervisor (serve/supervisor.py) restarts any process that exits, with
+backoff; nothing but `stop()` ends the deployment. `stop()` sends SIGTERM, waits, then SIGKILLs
+what is left; it is also the context manager's exit. Workers whose host is not this one, and
+those named `external`, are expected to be run by someone else. With `link.emulation: netns`
+it first creates the shaped namespace (serve/netns.py), runs the PrfaaS workers inside it and
+removes it on stop.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from prfaas.core.errors import PrfaasError
 from prfaas.serve.netns import NetnsLink
+from prfaas.serve.supervisor import Supervisor
 from prfaas.serve.topology import Topology
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0")
@@ -35,8 +39,8 @@ class DeploymentError(PrfaasError):
 
 class Deployment:
     def __init__(self, topology: Topology, log_dir: str | Path | None = None,
-                 start_timeout_s: float = 120.0, external: frozenset[str] = frozenset()
-                 ) -> None:
+                 start_timeout_s: float = 300.0, external: frozenset[str] = frozenset(),
+                 log: Callable[[str], None] | None = None) -> None:
         self.requested = topology
         self.topology = topology.with_ports()
         self.netns: NetnsLink | None = None  # link.emulation: netns (created by start)
@@ -45,7 +49,10 @@ class Deployment:
         self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-serve-"))
         self.start_timeout_s = start_timeout_s
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}  # as started; see supervisor
+        self._path = self.log_dir / "topology.resolved.yaml"
+        self._echo = log
+        self.supervisor = Supervisor(self._respawn, self.topology.restart, self._log)
 
     @property
     def url(self) -> str:
@@ -60,7 +67,7 @@ class Deployment:
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        path = self.log_dir / "topology.resolved.yaml"
+        path = self._path
         local = set(LOCAL_HOSTS)
         try:
             if self.requested.link.emulation == "netns":
@@ -78,26 +85,53 @@ class Deployment:
                             if w.name not in self.external])
             self._spawn("router", path)
             self._wait_all([("router", self.topology.router_url)])
+            for name, proc in self.procs.items():
+                self.supervisor.add(name, proc)
+            self.supervisor.start()
         except BaseException:
             self.stop()
             raise
 
-    def _spawn(self, name: str, path: Path, inside: NetnsLink | None = None) -> None:
+    def _spawn(self, name: str, path: Path, inside: NetnsLink | None = None,
+               append: bool = False) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "prfaas.serve.proc", "--topology", str(path), "--name", name]
         if inside is not None:
             cmd = inside.wrap(cmd)
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (owned by the child)
+        # a restart appends: the log keeps why the previous process ended
+        log = open(self.log_dir / f"{name}.log", "ab" if append else "wb")  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
+        self.procs[name] = proc
+        return proc
 
-    def _wait_all(self, targets: list[tuple[str, str]]) -> None:
+    def _respawn(self, name: str, append: bool) -> subprocess.Popen[bytes]:
+        """The supervisor's restart of `name`, in the namespace it ran in."""
+        role = None if name == "router" else self.topology.worker(name).role
+        inside = self.netns if role == "prfaas" else None
+        return self._spawn(name, self._path, inside, append)
+
+    def _log(self, message: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        with open(self.log_dir / "launcher.log", "a") as f:
+            f.write(f"{stamp} {message}\n")
+        if self._echo is not None:
+            self._echo(message)
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        return dict(self.supervisor.restarts)
+
+    def pid(self, name: str) -> int:
+        return self.supervisor.procs().get(name, self.procs[name]).pid
+
+    def _wait_all(self, targets: list[tuple[str, str]], fail_on_exit: bool = True) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         pending = dict(targets)
         while pending:
             for name, url in list(pending.items()):
                 proc = self.procs.get(name)
-                if proc is not None and proc.poll() is not None:
+                if fail_on_exit and proc is not None and proc.poll() is not None:
                     raise DeploymentError(f"{name} exited with code {proc.returncode}:\n"
                                           f"{self.log_tail(name)}")
                 if _healthy(url):
@@ -113,9 +147,19 @@ class Deployment:
         return path.read_bytes()[-num_bytes:].decode(errors="replace") if path.exists() else ""
 
     def alive(self) -> dict[str, bool]:
-        return {name: p.poll() is None for name, p in self.procs.items()}
+        procs = self.supervisor.procs() or self.procs
+        return {name: p.poll() is None for name, p in procs.items()}
+
+    def wait_healthy(self, names: list[str] | None = None) -> None:
+        """Wait (readiness-driven, start_timeout_s) until `names` (default all) answer /health."""
+        targets = [("router", self.url)] if names is None or "router" in names else []
+        targets += [(w.name, w.url) for w in self.topology.workers
+                    if (names is None or w.name in names) and w.name not in self.external]
+        self._wait_all(targets, fail_on_exit=False)
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        self.supervisor.stop()
+        self.procs.update(self.supervisor.procs())
         # router first, so no new work reaches the workers while they stop
         order = sorted(self.procs, key=lambda n: n != "router")
         for name in order:

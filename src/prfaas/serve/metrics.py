@@ -1,7 +1,8 @@
 """The router's Prometheus metrics, rendered in the text exposition format (no client library).
 
 Histograms: TTFT, TPOT, end-to-end latency and the router's own time per request. Counters:
-requests by route and outcome, KV bytes by link, retries, HTTP errors by status. Gauges: the
+requests by route and outcome, KV bytes by link, retries, resumes, HTTP errors by status,
+worker restarts. Gauges: worker up (per worker), degraded, active requests; Gauges: the
 policy's current threshold, in-flight requests per worker (queue depths), the inter-DC link's
 measured egress and pending KV bytes (what the threshold controller reads).
 """
@@ -94,6 +95,15 @@ class RouterMetrics:
         self.link_pending = Counter("prfaas_link_pending_bytes",
                                     "Predicted KV bytes of PrfaaS requests not yet delivered.",
                                     "gauge")
+        self.resumes = Counter("prfaas_resumes_total", "Requests resumed on another path after "
+                               "tokens were sent (re-prefill of prompt + emitted tokens).")
+        self.worker_up = Counter("prfaas_worker_up", "1 while the router holds the worker up.",
+                                 "gauge")
+        self.restarts = Counter("prfaas_worker_restarts_total",
+                                "Worker restarts the router saw (a new pid in /health).")
+        self.degraded = Counter("prfaas_degraded", "1 while any worker is down.", "gauge")
+        self.active = Counter("prfaas_active_requests", "Requests accepted and not finished.",
+                              "gauge")
 
     def render(self, refresh: Callable[[], None] | None = None) -> str:
         if refresh is not None:
@@ -102,5 +112,6 @@ class RouterMetrics:
             self.ttft, self.tpot, self.e2e, self.router_time, self.requests, self.kv_bytes,
             self.kv_transfers,
             self.cached_tokens, self.retries, self.errors, self.threshold, self.inflight,
-            self.link_egress, self.link_pending]
+            self.link_egress, self.link_pending, self.resumes, self.worker_up, self.restarts,
+            self.degraded, self.active]
         return "\n".join(line for p in parts for line in p.render()) + "\n"

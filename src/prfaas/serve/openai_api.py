@@ -22,10 +22,15 @@ DEFAULT_MAX_TOKENS = 16
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error", code: str | None = None) -> None:
+                 kind: str = "invalid_request_error", code: str | None = None,
+                 retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = (status, message, param,
                                                                        kind, code)
+        self.retry_after_s = retry_after_s  # a Retry-After header (429 full, 503 no path)
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,

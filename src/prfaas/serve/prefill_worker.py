@@ -6,7 +6,9 @@ layer's KV to the decode worker's KVReceiver as soon as the layer is done (the h
 layer to the event loop thread-safely; the loop sends while the thread computes the next
 layer). Computed = tokens this node does not hold; shipped = tokens the decode node does not
 hold (`ship_from_tokens`). One KVSender per destination is kept open and reused; a failed one
-is dropped and the request answered 502, so the router can retry on the local path. The link
+is dropped and the request answered 502, so the router can retry on the local path. The KV
+tail after the compute must be delivered within the request's `kv_deadline_s` (the router
+derives it from the predicted transfer time), so a partitioned link costs seconds. The link
 (shaped for `prfaas`, intra-cluster for `pd-p`) comes from the topology.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from typing import Any
 
@@ -56,7 +59,8 @@ class PrefillWorker:
         return app
 
     async def health(self, _: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "name": self.spec.name, "role": self.spec.role})
+        return web.json_response({"ok": True, "name": self.spec.name, "role": self.spec.role,
+                                  "pid": os.getpid()})
 
     async def status(self, _: web.Request) -> web.Response:
         sample = self.monitor.sample()
@@ -80,6 +84,7 @@ class PrefillWorker:
             token_ids = get_tokens(body)
             ship_from = get_int(body, "ship_from_tokens", default=0)
             prompt_k = _prompt_logprobs(body.get("prompt_logprobs"))
+            deadline_s = _positive_float(body.get("kv_deadline_s", self.topology.timeouts.kv_s))
             dest = body.get("dest")
             if not isinstance(dest, dict) or not isinstance(dest.get("host"), str):
                 raise ProtocolError("dest", dest, "must be {host, port}")
@@ -91,7 +96,8 @@ class PrefillWorker:
         except ProtocolError as exc:
             return error_reply(400, "bad_request", str(exc))
         try:
-            reply = await self._run(rid, token_ids, ship_from, (dest["host"], port), prompt_k)
+            reply = await self._run(rid, token_ids, ship_from, (dest["host"], port), deadline_s,
+                                    prompt_k)
         except ConfigError as exc:
             return error_reply(400, "bad_request", str(exc))
         except TransportError as exc:
@@ -101,7 +107,8 @@ class PrefillWorker:
         return web.json_response(reply)
 
     async def _run(self, rid: int, token_ids: list[int], ship_from: int,
-                   dest: tuple[str, int], prompt_k: int | None = None) -> dict[str, Any]:
+                   dest: tuple[str, int], deadline_s: float, prompt_k: int | None = None
+                   ) -> dict[str, Any]:
         t_arrive = time.perf_counter()
         sender = await self._sender(dest)
         self.queued += 1
@@ -118,10 +125,13 @@ class PrefillWorker:
             finally:
                 self.running = 0
         t_computed = time.perf_counter()
-        kv_bytes = await pump  # the tail of the layer stream, outside the engine lock
-        kv_bytes += await self._send_meta(sender, rid, result.kv, result.logits, ship_from,
-                                          len(token_ids))
-        await sender.finish(rid, self.topology.timeouts.kv_s)
+        try:  # the tail of the layer stream, outside the engine lock, within the KV deadline
+            kv_bytes = await asyncio.wait_for(
+                self._tail(pump, sender, rid, result, ship_from, len(token_ids)), deadline_s)
+        except TimeoutError as exc:
+            pump.cancel()
+            raise TransportError(f"request {rid}: KV not delivered within its deadline "
+                                 f"({deadline_s:.1f} s after the prefill)") from exc
         t_done = time.perf_counter()
         delta = self.store.insert(result.kv, token_ids)
         computed = result.num_computed_tokens
@@ -135,6 +145,14 @@ class PrefillWorker:
                 "prefill_s": t_computed - t_start, "transfer_tail_s": t_done - t_computed,
                 "cache": delta.to_json(),
                 **_prompt_reply(token_ids, result.prompt_logits, prompt_k)}
+
+    async def _tail(self, pump: asyncio.Task[int], sender: KVSender, rid: int, result: Any,
+                    ship_from: int, num_tokens: int) -> int:
+        kv_bytes = await pump
+        kv_bytes += await self._send_meta(sender, rid, result.kv, result.logits, ship_from,
+                                          num_tokens)
+        await sender.finish(rid, self.topology.timeouts.kv_s)
+        return kv_bytes
 
     async def _compute(self, rid: int, token_ids: list[int], ship_from: int,
                        prefix: SequenceKV | None, sender: KVSender, all_logits: bool = False
@@ -207,6 +225,12 @@ class PrefillWorker:
     async def _close(self, _: web.Application) -> None:
         for dest in list(self._senders):
             await self._drop_sender(dest)
+
+
+def _positive_float(raw: object) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not raw > 0:
+        raise ProtocolError("kv_deadline_s", raw, "must be a number > 0")
+    return float(raw)
 
 
 def _prompt_logprobs(raw: object) -> int | None:

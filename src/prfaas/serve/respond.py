@@ -124,8 +124,8 @@ def prompt_logprobs(req: GenRequest, out: Any) -> list[Any] | None:
     """The prefill's prompt logprobs when `echo` + `logprobs` needs them (else None)."""
     if not (req.echo and req.logprobs is not None):
         return None
-    got = out.prompt_logprobs
-    if not isinstance(got, list) or len(got) != len(req.token_ids) - 1:
+    got = out.prompt_logprobs  # a resumed attempt's prompt is longer: keep the request's part
+    if not isinstance(got, list) or len(got) < len(req.token_ids) - 1:
         raise ApiError(502, "the prefill worker returned no prompt logprobs for echo",
                        kind="server_error", code="bad_worker_reply")
-    return got
+    return got[:len(req.token_ids) - 1]

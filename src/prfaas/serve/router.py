@@ -11,6 +11,7 @@ OpenAI-style error object; a policy rejection -> 429; a failed request -> 502, n
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -24,6 +25,7 @@ from prfaas.models.kv import geometry
 from prfaas.policy.base import Router, make_router
 from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.dispatch import Dispatcher, Outcome
+from prfaas.serve.membership import Membership
 from prfaas.serve.metrics import RouterMetrics
 from prfaas.serve.openai_api import ApiError, GenRequest, load_json, parse
 from prfaas.serve.plan import live_plan_inputs
@@ -51,6 +53,8 @@ class RouterService:
             self.manager.add_instance(w.name, w.cluster)
         self.cluster = LiveCluster(topology, geometry(config.to_spec()))
         self.metrics = RouterMetrics()
+        self.membership = Membership(topology, self.cluster, None)
+        self.active = 0  # requests accepted and not finished (admission.max_inflight)
         self._session: aiohttp.ClientSession | None = None
         self._dispatcher: Dispatcher | None = None
 
@@ -69,16 +73,24 @@ class RouterService:
     async def _start(self, _: web.Application) -> None:
         # no pool limit: a long-running stream must not starve other requests of connections
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self.membership.session = self._session
         self._dispatcher = Dispatcher(self.topology, self.cluster, self.manager, self.policy,
-                                      self._session, self.config.block_size_tokens)
+                                      self._session, self.config.block_size_tokens,
+                                      membership=self.membership)
+        self.membership.start()
 
     async def _stop(self, _: web.Application) -> None:
+        await self.membership.stop()
         if self._session is not None:
             await self._session.close()
 
     async def health(self, _: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "workers": [w.name for w in self.topology.workers],
-                                  "policy": self.policy.name})
+        return web.json_response({"ok": True, "name": "router", "role": "router",
+                                  "pid": os.getpid(),
+                                  "workers": [w.name for w in self.topology.workers],
+                                  "policy": self.policy.name,
+                                  "degraded": self.membership.degraded,
+                                  "members": self.membership.to_json()})
 
     async def models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
@@ -96,6 +108,11 @@ class RouterService:
             self.metrics.inflight.set(load.inflight, worker=name)
         self.metrics.link_egress.set(self.cluster.link_egress_gbps())
         self.metrics.link_pending.set(float(self.cluster.monitor.pending_bytes))
+        for name, state in self.membership.states.items():
+            self.metrics.worker_up.set(1.0 if state.up else 0.0, worker=name)
+            self.metrics.restarts.set(float(state.restarts), worker=name)
+        self.metrics.degraded.set(1.0 if self.membership.degraded else 0.0)
+        self.metrics.active.set(float(self.active))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
@@ -107,6 +124,11 @@ class RouterService:
         t0 = time.perf_counter()
         out = Outcome()
         try:
+            admission = self.topology.admission
+            if self.active >= admission.max_inflight:
+                raise ApiError(429, f"router full: {self.active} requests in flight",
+                               kind="rate_limit_error", code="queue_full",
+                               retry_after_s=admission.retry_after_s)
             body = load_json(await request.read())
             req = parse(body, chat, self.config.name, self.config.max_context_tokens,
                         self.tokenizer)
@@ -115,11 +137,15 @@ class RouterService:
             query, decision = self._dispatcher.route(req, rid)
         except ApiError as exc:
             self.metrics.errors.inc(status=str(exc.status))
-            return web.json_response(exc.body(), status=exc.status)
+            return web.json_response(exc.body(), status=exc.status, headers=exc.headers())
         out.router_s += time.perf_counter() - t0
-        if req.stream:
-            return await self._stream(request, req, rid, query, decision, out, t0)
-        return await self._whole(req, rid, query, decision, out, t0)
+        self.active += 1
+        try:
+            if req.stream:
+                return await self._stream(request, req, rid, query, decision, out, t0)
+            return await self._whole(req, rid, query, decision, out, t0)
+        finally:
+            self.active -= 1
 
     async def _whole(self, req: GenRequest, rid: str, query: Any, decision: Any, out: Outcome,
                      t0: float) -> web.Response:
@@ -180,6 +206,8 @@ class RouterService:
         m.router_time.observe(out.router_s)
         if out.retried:
             m.retries.inc()
+        if out.resumed:
+            m.resumes.inc()
         if outcome != "ok":
             m.errors.inc(status="502")
             return

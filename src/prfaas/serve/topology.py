@@ -20,6 +20,14 @@ import yaml
 
 from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_text
+from prfaas.serve.resilience import (
+    AdmissionSpec,
+    DeadlineSpec,
+    HealthSpec,
+    RestartSpec,
+    parse_spec,
+    to_dict,
+)
 
 WorkerRole = Literal["prfaas", "pd-p", "pd-d"]
 ROLES: tuple[str, ...] = ("prfaas", "pd-p", "pd-d")
@@ -124,6 +132,10 @@ class Topology:
     cache_capacity_bytes: int = 512 * 2**20  # per worker prefix cache
     max_retries: int = 1  # local-path retries after a failed transfer
     profile: str = "cpu-tiny"  # measured engine profile (serve/plan.py): embedded name or path
+    health: HealthSpec = field(default_factory=HealthSpec)  # serve/resilience.py
+    restart: RestartSpec = field(default_factory=RestartSpec)
+    kv_deadline: DeadlineSpec = field(default_factory=DeadlineSpec)
+    admission: AdmissionSpec = field(default_factory=AdmissionSpec)
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.workers]
@@ -180,6 +192,8 @@ class Topology:
             "timeouts": {k: getattr(self.timeouts, k) for k in Timeouts.__dataclass_fields__},
             "cache": {"capacity_mb": self.cache_capacity_bytes / 2**20},
             "max_retries": self.max_retries, "profile": self.profile,
+            "health": to_dict(self.health), "restart": to_dict(self.restart),
+            "kv_deadline": to_dict(self.kv_deadline), "admission": to_dict(self.admission),
             "workers": [{"name": w.name, "role": w.role, "host": w.host, "port": w.port,
                          "kv_port": w.kv_port, "max_batch": w.max_batch} for w in self.workers],
         }
@@ -235,11 +249,15 @@ def _profile(top: object, in_policy: object, base: Path | None) -> str:
     return ref
 
 
+RESILIENCE_KEYS: dict[str, Any] = {"health": HealthSpec, "restart": RestartSpec,
+                                   "kv_deadline": DeadlineSpec, "admission": AdmissionSpec}
+
+
 def parse_topology(raw: object, where: str = "topology", base: Path | None = None) -> Topology:
     """`base`: the folder relative profile paths are read from (the topology file's)."""
     m = _mapping(raw, where)
     _keys(m, {"name", "model", "policy", "router", "link", "intra_link", "timeouts", "cache",
-              "max_retries", "workers", "profile"}, where)
+              "max_retries", "workers", "profile", *RESILIENCE_KEYS}, where)
     policy = dict(_mapping(m.get("policy"), "policy")) or {"name": "prfaas-threshold",
                                                           "threshold_tokens": 1024}
     profile = _profile(m.get("profile"), policy.pop("profile", None), base)
@@ -263,6 +281,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
         timeouts=Timeouts(**{k: float(v) for k, v in timeouts.items()}),
         cache_capacity_bytes=int(float(cache.get("capacity_mb", 512)) * 2**20),
         max_retries=int(m.get("max_retries", 1)), profile=profile,
+        **{key: parse_spec(cls, m.get(key), key) for key, cls in RESILIENCE_KEYS.items()},
     )
 
 
