@@ -127,7 +127,10 @@ class EmulatedEngine(Engine):
         return EmulatedKV(stores, [])
 
     def prefill(self, token_ids: list[int], prefix: SequenceKV | None = None,
-                on_layer: Callable[[LayerKV], None] | None = None) -> PrefillResult:
+                on_layer: Callable[[LayerKV], None] | None = None,
+                all_logits: bool = False) -> PrefillResult:
+        """`all_logits`: the prompt positions' logits are uniform (zeros): an emulated model
+        predicts nothing about the prompt."""
         self._check_prompt(token_ids)
         start = self._check_prefix(token_ids, prefix)
         if self.prefill_time is None:
@@ -150,7 +153,8 @@ class EmulatedEngine(Engine):
         first = token_of(kv.digest, 0)
         logits = torch.zeros(self.config.vocab_size)
         logits[first] = _LOGIT
-        return PrefillResult(kv, logits, first, end - start)
+        prompt_logits = torch.zeros(end - start, self.config.vocab_size) if all_logits else None
+        return PrefillResult(kv, logits, first, end - start, prompt_logits)
 
     def import_kv(self, layers: list[LayerKV], prefix: SequenceKV | None = None,
                   token_ids: list[int] | None = None) -> SequenceKV:
