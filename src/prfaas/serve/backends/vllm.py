@@ -34,10 +34,11 @@ from prfaas.serve.backends.base import (
     WorkerBackend,
 )
 
-# sampling keys vLLM's OpenAI API takes under the same name
+# sampling keys vLLM's OpenAI API takes under the same name (logit_bias: converted; the
+# prompt logprobs of `echo` are not passed: vLLM computes them only without a KV load)
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos",
                  "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
-                 "stop_token_ids", "logprobs")
+                 "stop", "stop_token_ids", "logprobs", "n")
 
 
 class VllmBackend(WorkerBackend):
@@ -52,8 +53,13 @@ class VllmBackend(WorkerBackend):
 
     def _body(self, a: Attempt, max_tokens: int, params: dict[str, Any]) -> dict[str, Any]:
         sampling = {k: v for k, v in a.sampling.items() if k in SAMPLING_KEYS and v is not None}
+        if a.sampling.get("logit_bias"):
+            sampling["logit_bias"] = {str(int(t)): float(b) for t, b in a.sampling["logit_bias"]}
+        if max_tokens == 1:  # the prefill half: one sequence, no logprobs
+            sampling = {k: v for k, v in sampling.items() if k not in ("n", "logprobs")}
         return {"model": self.served_name, "prompt": a.token_ids, "max_tokens": max_tokens,
-                **sampling, "return_token_ids": True, "kv_transfer_params": params}
+                **sampling, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                "kv_transfer_params": params}
 
     async def run(self, attempt: Attempt, report: AttemptReport) -> AsyncIterator[TokenEvent]:
         a, dec = attempt, attempt.decode
@@ -102,12 +108,17 @@ class VllmBackend(WorkerBackend):
         out: list[TokenEvent] = []
         for choice in event.get("choices") or ():
             ids = [int(t) for t in choice.get("token_ids") or ()]
-            lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+            logprobs = choice.get("logprobs") or {}
+            lps = logprobs.get("token_logprobs") or []
+            tops = logprobs.get("top_logprobs") or []
             for i, t in enumerate(ids):
-                extra: dict[str, Any] = {"text": choice.get("text", "") if i == len(ids) - 1
-                                         else ""}
-                if i < len(lps):
-                    extra["logprob"] = lps[i]
+                extra: dict[str, Any] = {"seq": int(choice.get("index", 0)), "text":
+                                         choice.get("text", "") if i == len(ids) - 1 else ""}
+                if i < len(lps) and lps[i] is not None:
+                    extra["lp"] = float(lps[i])
+                if i < len(tops) and isinstance(tops[i], dict):
+                    extra["top"] = [(int(k.rsplit(":", 1)[-1]), float(v))
+                                    for k, v in tops[i].items()]
                 out.append(TokenEvent(t, extra))
             if choice.get("finish_reason"):
                 report.finish_reason = str(choice["finish_reason"])
