@@ -181,3 +181,18 @@ def test_model_builder_is_seeded(tmp_path: Path) -> None:
     ids = tok.encode("the prefill cluster ships kv cache")
     assert ids and max(ids) < tok.vocab_size and tok.decode(ids).startswith("the prefill")
     assert replace  # (imported for the other tests' use)
+
+
+def test_cli_bad_vllm_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "prfaas", *args], capture_output=True,
+                              text=True, timeout=120)
+
+    out = run("generate", "--engine", "vllm", "--prompt", "x", "--model", str(tmp_path))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "--model" in out.stderr or "--engine" in out.stderr
+    out = run("vllm-model", "--arch", "gpt2", "--out", str(tmp_path / "m"))
+    assert out.returncode == 2 and "gpt2" in out.stderr

@@ -46,3 +46,5 @@ class PrfaasMetadata(KVConnectorMetadata):
     saves: list[SaveJob] = field(default_factory=list)
     loads: list[LoadJob] = field(default_factory=list)
     aborted: list[int] = field(default_factory=list)  # transfer ids no longer awaited
+    # prefill requests that ended before their prompt did: (transfer id, dest, rate)
+    abort_sends: list[tuple[int, tuple[str, int], float | None]] = field(default_factory=list)

@@ -58,6 +58,7 @@ class SchedulerHalf:
     _receiving: dict[str, _Receiving] = field(default_factory=dict)
     _loads: list[LoadJob] = field(default_factory=list)
     _aborted: list[int] = field(default_factory=list)
+    _abort_sends: list[tuple[int, tuple[str, int], float | None]] = field(default_factory=list)
 
     @property
     def backoff(self) -> int:
@@ -125,8 +126,9 @@ class SchedulerHalf:
             fingerprint(list(request.prompt_token_ids or [])[:n]), rx.params.timeout_s))
 
     def build_connector_meta(self, out: SchedulerOutput) -> PrfaasMetadata:
-        meta = PrfaasMetadata(loads=self._loads, aborted=self._aborted)
-        self._loads, self._aborted = [], []
+        meta = PrfaasMetadata(loads=self._loads, aborted=self._aborted,
+                              abort_sends=self._abort_sends)
+        self._loads, self._aborted, self._abort_sends = [], [], []
         for req_id, num_new in out.num_scheduled_tokens.items():
             tx = self._sending.get(req_id)
             if tx is None or tx.request.num_computed_tokens >= tx.num_tokens:
@@ -163,7 +165,12 @@ class SchedulerHalf:
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         """vLLM itself keeps an aborted WAITING_FOR_REMOTE_KVS request's blocks until the worker
         reports it received; the worker half stops writing into them first (`aborted`)."""
-        self._sending.pop(request.request_id, None)
+        tx = self._sending.pop(request.request_id, None)
+        if tx is not None and not tx.first and tx.request.num_computed_tokens < tx.num_tokens:
+            # aborted mid-prompt: tell the receiver, so the stream does not stay open
+            self._abort_sends.append((tx.params.transfer_id,
+                                      (tx.params.dest_host, tx.params.dest_port),
+                                      tx.params.rate_gbps))
         rx = self._receiving.pop(request.request_id, None)
         if rx is not None and rx.started and not rx.done:
             self._aborted.append(rx.params.transfer_id)

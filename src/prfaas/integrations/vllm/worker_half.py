@@ -33,7 +33,7 @@ from prfaas.integrations.vllm.blocks import (
     state_parts,
     to_wire,
 )
-from prfaas.integrations.vllm.link import Finish, RecvLink, SendLink, Tensor
+from prfaas.integrations.vllm.link import Abort, Finish, RecvLink, SendLink, Tensor
 from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata, SaveJob
 from prfaas.transport.receiver import ReceiverConfig
 from prfaas.transport.sender import SenderConfig
@@ -165,6 +165,11 @@ class WorkerHalf:
             self.send.submit(job.dest, Finish(job.transfer_id), job.rate_gbps)
             self._meta_sent.discard(job.transfer_id)
             self.trace(side="send", tid=job.transfer_id, ev="prefill_end")
+        for tid, dest, rate in meta.abort_sends:
+            self._held.pop(tid, None)
+            self._meta_sent.discard(tid)
+            self.send.submit(dest, Abort(tid, "the prefill request ended before its prompt"),
+                             rate)
         for r in self.send.drain():
             self.trace(side="send", tid=r.transfer_id, ev="sent", error=r.error, done=r.done_s)
 
