@@ -1,11 +1,17 @@
 """Transport benchmark: shaped goodput against the configured rate, and unshaped loopback
-throughput with 1/2/4/8 connections beside a plain-socket baseline.
+goodput of four transports side by side at 1/2/4/8 connections: a plain socket, a plain TLS
+socket, prfaas plaintext and prfaas over mutual TLS 1.3. Also the per-byte cost of the checksums
+and digests the transport and the integrity manifest could use.
 
-Receiver in a child process (its own core, as a decode node), KVSender in this process. A
-transfer is a request of 8 MiB layer tensors; its time runs from the first `send_array` to the
-receiver's completion timestamp (time.monotonic, one clock for both processes on Linux), and
-its content is checked by a crc32 digest computed on both sides. Goodput counts tensor bytes
-only (headers excluded). Medians over repeats. Writes benchmarks/results/transport.json.
+prfaas: receiver in a child process (its own core, as a decode node), KVSender in this process.
+A transfer is a request of 8 MiB layer tensors; its time runs from the first `send_array` to the
+receiver's completion timestamp (time.monotonic, one clock for both processes on Linux), and its
+content is checked by a crc32 digest computed on both sides. Baselines (transport_baselines.py):
+N blocking connections, one thread each side per connection, sendall / recv_into into a
+preallocated buffer, no framing; connections (and handshakes) are opened before the clock
+starts, as for prfaas. Goodput counts tensor bytes only (headers excluded). Medians over
+repeats. Certificates: a fresh CA from `prfaas.security.certs` in a temp dir (removed after).
+Writes benchmarks/results/transport.json.
 
     .venv/bin/python benchmarks/bench_transport.py [--quick]
 """
@@ -14,25 +20,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import hashlib
 import json
-import multiprocessing as mp
 import os
 import platform
-import socket
+import shutil
 import statistics
 import sys
+import tempfile
 import time
-from multiprocessing.connection import Connection
+import zlib
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import numpy as np
 
 from prfaas.core.units import MIB, bytes_per_s_to_gbps
+from prfaas.security.certs import Member, init_certs
+from prfaas.security.tls import Identity, server_context_for
 from prfaas.transport import KVSender, SenderConfig
 from prfaas.transport.process import ReceiverProcess, digest_arrays
+from transport_baselines import Baseline
 
 LAYER_BYTES = 8 * MIB
+CONNECTIONS = (1, 2, 4, 8)
 RESULT = Path(__file__).parent / "results" / "transport.json"
 
 
@@ -42,8 +55,10 @@ def _layers(buf: np.ndarray, total_bytes: int) -> list[tuple[int, str, np.ndarra
 
 
 async def _transfer(port: int, rx: ReceiverProcess, rid: int, cfg: SenderConfig,
-                    layers: list[tuple[int, str, np.ndarray]]) -> dict[str, Any]:
-    async with KVSender("127.0.0.1", port, cfg) as tx:
+                    layers: list[tuple[int, str, np.ndarray]], tls_dir: str | None = None
+                    ) -> dict[str, Any]:
+    tls = Identity.load(tls_dir, "tx").client_context() if tls_dir else None
+    async with KVSender("127.0.0.1", port, cfg, tls=tls, server_name="rx") as tx:
         rx.expect(rid, timeout_s=300)
         start_s = time.monotonic()
         for layer, name, array in layers:
@@ -66,59 +81,39 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**best, "goodput_gbps_runs": [round(r["goodput_gbps"], 4) for r in runs]}
 
 
-def _plain_child(conn: Connection, total_bytes: int, repeats: int) -> None:
-    lsock = socket.socket()
-    lsock.bind(("127.0.0.1", 0))
-    lsock.listen()
-    conn.send(lsock.getsockname()[1])
-    buf = bytearray(total_bytes)
-    view = memoryview(buf)
-    for _ in range(repeats):
-        sock, _addr = lsock.accept()
-        got = 0
-        while got < total_bytes:
-            n = sock.recv_into(view[got:])
-            if n == 0:
-                raise SystemExit("plain baseline: sender closed early")
-            got += n
-        conn.send(time.monotonic())
-        sock.close()
+def checksum_costs(buf: np.ndarray) -> dict[str, float]:
+    """GB/s of each candidate over 64 MiB, best of 3 (single thread)."""
+    view = buf[: 64 * MIB].data
+    fns = {"zlib.crc32": lambda: zlib.crc32(view), "crc32c": lambda: crc32c.crc32c(view),
+           "sha256": lambda: hashlib.sha256(view).digest(),
+           "blake2b": lambda: hashlib.blake2b(view).digest()}
+    out = {}
+    for name, fn in fns.items():
+        best = min(_timed(fn) for _ in range(3))
+        out[name] = round(len(view) / best / 1e9, 3)
+    return out
 
 
-def plain_socket(buf: np.ndarray, total_bytes: int, repeats: int) -> dict[str, Any]:
-    """One blocking TCP connection, sendall / recv_into, no framing or checksums."""
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_plain_child, args=(child, total_bytes, repeats), daemon=True)
-    proc.start()
-    port = parent.recv()
-    rates = []
-    for _ in range(repeats):
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            start_s = time.monotonic()
-            sock.sendall(buf[:total_bytes].data)
-            done_s = parent.recv()
-        rates.append(bytes_per_s_to_gbps(total_bytes / (done_s - start_s)))
-    proc.join(10)
-    return {"connections": 1, "tensor_bytes": total_bytes, "goodput_gbps":
-            statistics.median(rates), "goodput_gbps_runs": [round(r, 4) for r in rates]}
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
-    args = parser.parse_args()
-    repeats = 1 if args.quick else 3
-    sizes = [64 * MIB] if args.quick else [64 * MIB, 256 * MIB]
-    rates_gbps = [1.0, 2.0] if args.quick else [0.5, 1.0, 2.0, 4.0]
-    buf = np.random.default_rng(0).integers(0, 256, max(sizes), dtype=np.uint8)
-    rid = 0
-    shaped, unshaped = [], []
+def _prfaas_row(runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    return {"connections": n, **_median_run(runs)}
+
+
+def _plain_row(rates: list[float], n: int, total: int) -> dict[str, Any]:
+    return {"connections": n, "tensor_bytes": total, "goodput_gbps": statistics.median(rates),
+            "goodput_gbps_runs": [round(r, 4) for r in rates]}
+
+
+def shaped_runs(buf: np.ndarray, sizes: list[int], rates_gbps: list[float], repeats: int
+                ) -> list[dict[str, Any]]:
+    shaped, rid = [], 1000
     with ReceiverProcess() as rx:
-        # Warm-up, not measured: a fresh VM process pays first-touch page faults (~0.5 GB/s
-        # here) on its first few hundred MiB of buffers, which would charge the first row.
-        for rid in range(1, 3):
-            asyncio.run(_transfer(rx.port, rx, rid, SenderConfig(), _layers(buf, max(sizes))))
+        asyncio.run(_transfer(rx.port, rx, rid, SenderConfig(), _layers(buf, max(sizes))))
         for rate in rates_gbps:
             for size in sizes:
                 cfg = SenderConfig(num_connections=4, rate_gbps=rate)
@@ -131,22 +126,87 @@ def main() -> None:
                 row["goodput_over_rate"] = round(row["goodput_gbps"] / rate, 4)
                 shaped.append(row)
                 print(f"shaped {rate} Gbps {size // MIB} MiB: {row['goodput_over_rate']:.3f}")
-        for n in (1, 2, 4, 8):
-            cfg = SenderConfig(num_connections=n)
-            runs = []
-            for _ in range(repeats):
-                rid += 1
-                runs.append(asyncio.run(_transfer(rx.port, rx, rid, cfg,
-                                                  _layers(buf, max(sizes)))))
-            unshaped.append({"connections": n, **_median_run(runs)})
-            print(f"unshaped {n} connections: {unshaped[-1]['goodput_gbps']:.2f} Gbps")
-    plain = plain_socket(buf, max(sizes), repeats)
-    print(f"plain socket: {plain['goodput_gbps']:.2f} Gbps")
-    write(shaped, unshaped, plain, repeats)
+    return shaped
 
 
-def write(shaped: list[dict[str, Any]], unshaped: list[dict[str, Any]],
-          plain: dict[str, Any], repeats: int) -> None:
+def side_by_side(buf: np.ndarray, size: int, repeats: int, tls_dir: str) -> dict[str, Any]:
+    """Every repeat runs the four transports back to back, so a burst of load from other jobs
+    on this shared host hits all four alike (the ratios are what we read)."""
+    layers = _layers(buf, size)
+    factory = functools.partial(server_context_for, tls_dir, "rx")
+    plain, plain_tls = Baseline(size), Baseline(size, tls_dir)
+    table: dict[str, Any] = {k: [] for k in ("plain_socket", "plain_tls_socket",
+                                             "prfaas_plaintext", "prfaas_tls")}
+    rid = 0
+    try:
+        with ReceiverProcess() as rx, ReceiverProcess(tls=factory) as rx_tls:
+            for rid in (1, 2):  # warm-up: first-touch page faults on fresh buffers
+                asyncio.run(_transfer(rx.port, rx, rid, SenderConfig(), layers))
+                asyncio.run(_transfer(rx_tls.port, rx_tls, rid, SenderConfig(), layers,
+                                      tls_dir))
+            for n in CONNECTIONS:
+                cfg = SenderConfig(num_connections=n)
+                runs: dict[str, list[Any]] = {k: [] for k in table}
+                for _ in range(repeats):
+                    rid += 1
+                    runs["plain_socket"].append(plain.run(buf, n))
+                    runs["plain_tls_socket"].append(plain_tls.run(buf, n))
+                    runs["prfaas_plaintext"].append(
+                        asyncio.run(_transfer(rx.port, rx, rid, cfg, layers)))
+                    runs["prfaas_tls"].append(
+                        asyncio.run(_transfer(rx_tls.port, rx_tls, rid, cfg, layers, tls_dir)))
+                for key in ("plain_socket", "plain_tls_socket"):
+                    table[key].append(_plain_row(runs[key], n, size))
+                for key in ("prfaas_plaintext", "prfaas_tls"):
+                    table[key].append(_prfaas_row(runs[key], n))
+                print(f"{n} connections: " + ", ".join(
+                    f"{k} {table[k][-1]['goodput_gbps']:.2f}" for k in table) + " Gbps")
+    finally:
+        plain.close()
+        plain_tls.close()
+    return table
+
+
+def ratios(table: dict[str, Any]) -> dict[str, Any]:
+    def gbps(key: str) -> list[float]:
+        return [r["goodput_gbps"] for r in table[key]]
+
+    plain, tls = gbps("plain_socket"), gbps("plain_tls_socket")
+    ours, ours_tls = gbps("prfaas_plaintext"), gbps("prfaas_tls")
+    out: dict[str, Any] = {"connections": list(CONNECTIONS)}
+    out["prfaas_plaintext_over_plain_socket"] = [round(a / b, 3) for a, b in zip(ours, plain,
+                                                                                  strict=True)]
+    out["prfaas_tls_over_plain_tls_socket"] = [round(a / b, 3) for a, b in zip(ours_tls, tls,
+                                                                                strict=True)]
+    out["prfaas_plaintext_over_best_plain_socket"] = [round(a / max(plain), 3) for a in ours]
+    out["prfaas_tls_over_best_plain_tls_socket"] = [round(a / max(tls), 3) for a in ours_tls]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    args = parser.parse_args()
+    repeats = 1 if args.quick else 3
+    sizes = [64 * MIB] if args.quick else [64 * MIB, 256 * MIB]
+    rates_gbps = [1.0, 2.0] if args.quick else [0.5, 1.0, 2.0, 4.0]
+    buf = np.random.default_rng(0).integers(0, 256, max(sizes), dtype=np.uint8)
+    tls_dir = tempfile.mkdtemp(prefix="prfaas-bench-certs-")
+    try:
+        init_certs([Member("rx"), Member("tx")], tls_dir)
+        load_start = os.getloadavg()
+        table = side_by_side(buf, max(sizes), repeats, tls_dir)
+        load_mid = os.getloadavg()
+        shaped = shaped_runs(buf, sizes, rates_gbps, repeats)
+    finally:
+        shutil.rmtree(tls_dir, ignore_errors=True)
+    write(shaped, table, checksum_costs(buf), repeats, [load_start, load_mid])
+
+
+def write(shaped: list[dict[str, Any]], table: dict[str, Any], checksums: dict[str, float],
+          repeats: int, loads: list[tuple[float, float, float]]) -> None:
+    r = ratios(table)
+    at_4_8 = slice(2, 4)
     result = {
         "benchmark": "transport",
         "how": __doc__,
@@ -159,11 +219,21 @@ def write(shaped: list[dict[str, Any]], unshaped: list[dict[str, Any]],
             "min_goodput_over_rate": min(r["goodput_over_rate"] for r in shaped),
             "met": all(r["goodput_over_rate"] >= 0.9 for r in shaped),
         },
+        "must_show_unshaped": {
+            "target": "at 4-8 connections: prfaas plaintext >= 0.8 x plain socket, prfaas TLS "
+                      ">= 0.8 x plain TLS socket (same connection count)",
+            "plaintext_ratio_at_4_8": r["prfaas_plaintext_over_plain_socket"][at_4_8],
+            "tls_ratio_at_4_8": r["prfaas_tls_over_plain_tls_socket"][at_4_8],
+            "met": all(x >= 0.8 for x in r["prfaas_plaintext_over_plain_socket"][at_4_8]
+                       + r["prfaas_tls_over_plain_tls_socket"][at_4_8]),
+        },
+        "unshaped_side_by_side": table,
+        "ratios": r,
+        "checksum_gbytes_per_s": checksums,
         "shaped": shaped,
-        "unshaped_loopback": unshaped,
-        "plain_socket_baseline": plain,
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                  "platform": platform.platform(), "loadavg_1_5_15_at_end": os.getloadavg(),
+                 "loadavg_before_side_by_side_and_before_shaped": loads,
                  "note": "2 cores shared with other jobs; "
                  "absolute rates are noisy, compare ratios within this run"},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -4,7 +4,6 @@ waiter, the receiver closes that connection, and it keeps serving other transfer
 from __future__ import annotations
 
 import asyncio
-import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -30,6 +29,7 @@ from prfaas.transport.wire import (
     FrameType,
     Kind,
     Limits,
+    checksum,
     data_header,
     encode_header,
 )
@@ -47,7 +47,7 @@ def _header(**over: object) -> bytes:
     fields: dict[str, object] = dict(
         frame_type=FrameType.DATA, request_id=RID, layer=3, kind=Kind.MLA, name="kv",
         dtype=DType.UINT8, shape=(2048,), total_bytes=2048, chunk_offset=1024, chunk_bytes=1024,
-        payload_crc=zlib.crc32(PAYLOAD),
+        payload_crc=checksum(PAYLOAD),
     )
     fields.update(over)
     return encode_header(FrameHeader(**fields))  # type: ignore[arg-type,unused-ignore]
@@ -64,7 +64,7 @@ CASES: dict[str, tuple[Callable[[], bytes], bool, type[TransportError], str]] = 
     "wrong_magic": (lambda: _chunk() + b"XXXX" + _header()[4:], False, BadMagic,
                     "magic=b'XXXX'"),
     "bad_checksum": (lambda: _chunk() + _corrupt_payload(), False, ChecksumMismatch,
-                     "payload crc32"),
+                     "payload crc32c"),
     "short_read": (lambda: _chunk() + _chunk(1024)[:-500], True, ShortRead,
                    "after 524 of 1024 bytes"),
     "peer_gone": (lambda: _chunk(), True, PeerGone, r"request\(s\) \[21\] in flight"),

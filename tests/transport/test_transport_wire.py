@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from prfaas.transport.wire import (
     FrameType,
     Kind,
     Limits,
+    checksum,
     decode_end,
     decode_header,
     dtype_code,
@@ -41,7 +41,7 @@ def _header(**over: object) -> FrameHeader:
 
 def _reseal(raw: bytes) -> bytes:
     """Recompute the header crc so a test reaches the checks behind it."""
-    return raw[:-4] + struct.pack("<I", zlib.crc32(raw[:-4]))
+    return raw[:-4] + struct.pack("<I", checksum(raw[:-4]))
 
 
 def test_header_round_trip_keeps_every_field() -> None:
@@ -49,6 +49,7 @@ def test_header_round_trip_keeps_every_field() -> None:
     raw = encode_header(h)
     assert len(raw) == HEADER_BYTES == 116
     assert raw[:4] == b"PKV1"
+    assert raw[4] == 2  # version
     assert decode_header(raw, LIMITS) == h
 
 
@@ -63,7 +64,7 @@ def test_wrong_magic_and_version_are_bad_magic() -> None:
 def test_flipped_header_bit_is_a_checksum_mismatch() -> None:
     raw = bytearray(encode_header(_header()))
     raw[20] ^= 0x01
-    with pytest.raises(ChecksumMismatch, match="header crc32"):
+    with pytest.raises(ChecksumMismatch, match="header crc32c"):
         decode_header(bytes(raw), LIMITS)
 
 
@@ -105,10 +106,32 @@ def test_trusted_request_id_only_for_sound_headers() -> None:
 def test_end_frame_payload_round_trip_and_bad_stream_index() -> None:
     frame = end_frame(5, EndInfo(12, 4096, 4, 3))
     h = decode_header(frame[:HEADER_BYTES], LIMITS)
-    assert (h.frame_type, h.request_id, h.chunk_bytes) == (FrameType.END, 5, 24)
+    assert (h.frame_type, h.request_id, h.chunk_bytes) == (FrameType.END, 5, 28)
     assert decode_end(frame[HEADER_BYTES:]) == EndInfo(12, 4096, 4, 3)
     with pytest.raises(BadShape, match="stream_index=4 of num_streams=4"):
-        decode_end(struct.pack("<QQII", 1, 1, 4, 4))
+        decode_end(struct.pack("<QQIII", 1, 1, 4, 4, 0))
+
+
+def test_end_frame_carries_a_manifest_and_checks_its_length() -> None:
+    frame = end_frame(5, EndInfo(1, 8, 2, 0, b'{"m": 1}'))
+    h = decode_header(frame[:HEADER_BYTES], LIMITS)
+    assert h.chunk_bytes == 28 + 8
+    assert decode_end(frame[HEADER_BYTES:]).manifest == b'{"m": 1}'
+    with pytest.raises(BadShape, match="manifest_bytes=9"):
+        decode_end(struct.pack("<QQIII", 1, 8, 2, 0, 9) + b'{"m": 1}')
+    big = _header(frame_type=FrameType.END, dtype=DType.UINT8, shape=(2 << 20,),
+                  total_bytes=2 << 20, chunk_offset=0, chunk_bytes=2 << 20)
+    with pytest.raises(BadShape, match="manifest of at most"):
+        decode_header(encode_header(big), Limits(max_chunk_bytes=4 << 20))
+
+
+def test_payload_checksum_flag_round_trips_and_unknown_flags_are_refused() -> None:
+    h = _header(flags=0, payload_crc=0)
+    assert not decode_header(encode_header(h), LIMITS).payload_checksummed
+    assert decode_header(encode_header(_header()), LIMITS).payload_checksummed
+    raw = encode_header(_header())
+    with pytest.raises(BadHeader, match="flags=0x81"):
+        decode_header(_reseal(raw[:21] + b"\x81" + raw[22:]), LIMITS)
 
 
 def test_dtype_and_kind_codes() -> None:

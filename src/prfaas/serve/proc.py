@@ -18,8 +18,7 @@ from prfaas.serve.topology import load_topology
 
 def build_app(topology_path: str, name: str) -> tuple[web.Application, str, int]:
     # imported here: the engine (torch) loads only in the process that serves
-    from prfaas.engine import Engine
-    from prfaas.serve.model import engine_config
+    from prfaas.serve.model import engine_config, make_engine
 
     topo = load_topology(topology_path)
     config = engine_config(topo.model)
@@ -28,7 +27,7 @@ def build_app(topology_path: str, name: str) -> tuple[web.Application, str, int]
 
         return RouterService(topo, config).app(), topo.router_host, topo.router_port
     spec = topo.worker(name)
-    engine = Engine(config)
+    engine = make_engine(topo.model, spec.role)
     if spec.role == "pd-d":
         from prfaas.serve.decode_worker import DecodeWorker
 

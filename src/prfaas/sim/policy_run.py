@@ -11,20 +11,23 @@ with `rebalance` the role changes (sim/roles.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_structured
-from prfaas.planner.search import inputs_from_scenario
+from prfaas.planner.search import PlanResult, inputs_from_scenario, plan_all
 from prfaas.policy.base import make_router
 from prfaas.policy.rebalancer import RebalancerConfig
 from prfaas.scenario import Scenario
 from prfaas.sim.caching import CachePlugin, SimPrefixCache, cache_metrics
 from prfaas.sim.link import LinkSchedule
 from prfaas.sim.metrics import summarize
+from prfaas.sim.outages import Outage
 from prfaas.sim.roles import RebalancePlugin
+from prfaas.sim.run import outage_plugin
 from prfaas.sim.simulator import Simulator
 from prfaas.sim.system import SystemConfig, build_system
 from prfaas.workload.requests import Workload
@@ -77,30 +80,36 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
                cache_capacity: int | None = None, snapshot_policy: str = "every_block",
                link: LinkSchedule | None = None, ttft_slo_s: float | None = None,
                controller: dict[str, Any] | None = None, router_args: dict[str, Any] | None
-               = None, rebalance: RebalancerConfig | None = None, **overrides: Any
+               = None, rebalance: RebalancerConfig | None = None,
+               planned: PlanResult | None = None, outages: Sequence[Outage] = (),
+               **overrides: Any
                ) -> tuple[Simulator, dict[str, Any]]:
     if link is not None:
         overrides["link"] = link
-    cfg = build_system(s, system, threshold_tokens=threshold_tokens, **overrides)
+    planned = planned or plan_all(s, mode="exact")
+    cfg = build_system(s, system, threshold_tokens=threshold_tokens, planned=planned,
+                       **overrides)
     name = policy or cfg.router
     inputs = replace(inputs_from_scenario(s), n_prfaas=max(cfg.n_prfaas, 1))
     kwargs: dict[str, Any] = {"plan_inputs": inputs, **(router_args or {})}
     if controller is not None:
         kwargs["controller"] = controller
     t0 = cfg.threshold_tokens if cfg.threshold_tokens is not None else \
-        inputs_threshold(s, system)
+        inputs_threshold(s, system, planned)
     router = make_router(name, threshold_tokens=t0, ttft_slo_s=ttft_slo_s, **kwargs)
     cfg = replace(cfg, router=name)
     plugin = CachePlugin(None, workload)
     roles = RebalancePlugin(rebalance) if rebalance is not None else None
-    sim = Simulator(cfg, workload, router, plugins=[plugin, roles] if roles else [plugin])
+    downs = outage_plugin(outages, rebalance)
+    extra = [p for p in (roles, downs) if p is not None]
+    sim = Simulator(cfg, workload, router, plugins=[plugin, *extra])
     plugin.cache = build_cache(cfg, workload, [(p.instance_id, p.cluster) for p in sim.prefills],
                                cache_scope, cache_capacity, snapshot_policy)
     sim.run()
     summary = summarize(sim)
     summary.update(cache_metrics(sim, plugin, workload))
-    if roles is not None:
-        summary.update(roles.summary())
+    for extra_plugin in extra:
+        summary.update(extra_plugin.summary())
     summary["policy"] = router.name
     summary["config"] = {**cfg.describe(), "cache_capacity_bytes": cache_capacity,
                          "snapshot_policy": snapshot_policy, "ttft_slo_s": ttft_slo_s}
@@ -114,12 +123,10 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
     return sim, summary
 
 
-def inputs_threshold(s: Scenario, system: str) -> int:
+def inputs_threshold(s: Scenario, system: str, planned: PlanResult | None = None) -> int:
     """A t for systems whose plan has none (a threshold policy run on them): the PrfaaS-PD
-    optimum of the scenario."""
-    from prfaas.planner.search import plan_all
-
-    t = plan_all(s, mode="exact").systems["prfaas_pd"].threshold_tokens
+    optimum of the scenario (exact mode)."""
+    t = (planned or plan_all(s, mode="exact")).systems["prfaas_pd"].threshold_tokens
     return int(t or 0)
 
 
@@ -128,7 +135,8 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                    link_schedule: str | None, snapshot_policy: str,
                    ttft_slo_s: float | None, threshold: int | None, n_p: int | None,
                    n_d: int | None, link_gbps: float | None, no_pipeline: bool,
-                   prefill_order: str, rebalance: RebalancerConfig | None = None
+                   prefill_order: str, rebalance: RebalancerConfig | None = None,
+                   planned: PlanResult | None = None, outages: Sequence[Outage] = ()
                    ) -> tuple[Simulator, dict[str, Any]]:
     """`prfaas simulate` with the policy/cache/link-schedule flags; adds `sim_wall_s`."""
     import time
@@ -145,6 +153,7 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                               cache_scope=cache_scope,
                               cache_capacity=parse_capacity(cache_capacity),
                               snapshot_policy=snapshot_policy, link=link, ttft_slo_s=ttft_slo_s,
-                              rebalance=rebalance, **overrides)
+                              rebalance=rebalance, planned=planned, outages=outages,
+                              **overrides)
     summary["sim_wall_s"] = round(time.perf_counter() - started, 4)
     return sim, summary

@@ -8,19 +8,24 @@ scenario, the planner's optimum and any overrides.
   decode pool; router `all-prfaas`.
 
 Link: `scenario.link_gbps`, or the scenario's `link.schedule` ([[start_s, gbps], ...] or
-[{start_s, gbps}, ...]), optional `connections` x `per_connection_gbps` per-transfer cap and
-`pipelined` (default true). Intra-cluster transfers run at `intra_gbps`, unshared.
+[{start_s, gbps}, ...]), the per-transfer cap and RTT of its TCP path (`scenario.tcp`:
+`connections` x min(`per_connection_gbps`, Mathis' bound from `rtt_ms`/`loss`/`mss_bytes`),
+models/tcp.py) and `pipelined` (default true). Intra-cluster transfers run at `intra_gbps`,
+unshared.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.models.profile import DecodeTime, KVSize, PrefillTime
 from prfaas.scenario import Scenario
 from prfaas.sim.link import LinkSchedule
+
+if TYPE_CHECKING:
+    from prfaas.planner.search import PlanResult
 
 SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
 DEFAULT_KV_LAYERS = 64  # used for the last layer's share when the scenario names no model
@@ -44,6 +49,7 @@ class SystemConfig:
     pipelined: bool = True
     kv_layers: int = DEFAULT_KV_LAYERS
     prefill_order: str = "fifo"
+    rtt_s: float = 0.0  # added to every transfer across the inter-cluster link
 
     def describe(self) -> dict[str, Any]:
         """The resolved configuration, written beside results."""
@@ -53,6 +59,7 @@ class SystemConfig:
                 "link_schedule": [list(p) for p in zip(self.link.start_s, self.link.gbps,
                                                        strict=True)],
                 "flow_cap_gbps": self.flow_cap_gbps, "intra_gbps": self.intra_gbps,
+                **({"rtt_s": self.rtt_s} if self.rtt_s else {}),
                 "pipelined": self.pipelined, "kv_layers": self.kv_layers,
                 "prefill_order": self.prefill_order}
 
@@ -74,33 +81,27 @@ def _schedule(link: dict[str, Any], gbps: float) -> LinkSchedule:
     return LinkSchedule.piecewise(points)
 
 
-def _flow_cap(link: dict[str, Any]) -> float | None:
-    per = link.get("per_connection_gbps")
-    if per is None:
-        return None
-    conns = int(link.get("connections", 1))
-    if conns < 1:
-        raise ConfigError("link.connections", conns, "must be at least 1")
-    return float(per) * conns
-
-
 def build_system(s: Scenario, system: str, *, threshold_tokens: int | None = None,
                  n_p: int | None = None, n_d: int | None = None,
-                 plan_mode: str = "exact", **overrides: Any) -> SystemConfig:
-    """A system with the planner's optimum, then `threshold_tokens`, `n_p`, `n_d` and any
-    SystemConfig field in `overrides` (e.g. link, pipelined, prefill_order) replacing it."""
+                 plan_mode: str = "exact", planned: PlanResult | None = None,
+                 **overrides: Any) -> SystemConfig:
+    """A system with the planner's optimum (`planned`, or solved here in `plan_mode`), then
+    `threshold_tokens`, `n_p`, `n_d` and any SystemConfig field in `overrides` (e.g. link,
+    pipelined, prefill_order) replacing it."""
     if system not in SYSTEMS:
         raise UnknownNameError("system", system, list(SYSTEMS))
-    from prfaas.planner.search import plan_all
+    if planned is None:
+        from prfaas.planner.search import plan_all
 
-    plan = plan_all(s, mode=plan_mode).systems[system]
+        planned = plan_all(s, mode=plan_mode)
+    plan = planned.systems[system]
     link_raw = s.raw.get("link", {}) if isinstance(s.raw.get("link"), dict) else {}
     decode_hw = {"prfaas_pd": s.pd, "homogeneous_pd": s.homogeneous,
                  "naive_heterogeneous": s.naive_decode}[system].hardware
     layers = s.model.num_layers if s.model is not None else DEFAULT_KV_LAYERS
     base: dict[str, Any] = dict(
         decode=decode_hw.require_decode(), kv=s.kv, link=_schedule(link_raw, s.link_gbps),
-        flow_cap_gbps=_flow_cap(link_raw), intra_gbps=s.intra_gbps,
+        flow_cap_gbps=s.tcp.transfer_cap_gbps(), rtt_s=s.tcp.rtt_s, intra_gbps=s.intra_gbps,
         pipelined=bool(link_raw.get("pipelined", True)), kv_layers=layers)
     pool = s.pd.instances if system == "prfaas_pd" else s.homogeneous.instances
     if n_p is not None and n_d is None:

@@ -32,6 +32,7 @@ class ReceivedKV:
     num_bytes: int
     first_byte_s: float
     complete_s: float
+    manifest: bytes = b""  # what the sender's first END carried (serve/manifest.py reads it)
 
 
 @dataclass(slots=True)
@@ -105,6 +106,9 @@ class Assembly:
                 first.num_tensors, first.tensor_bytes, first.num_streams):
             raise BadShape(f"request {self.request_id}: END frames disagree ({info} vs {first})")
         self.ends[info.stream_index] = info
+        if info.manifest and info.stream_index != 0:
+            raise BadShape(f"request {self.request_id}: a manifest on END of stream "
+                           f"{info.stream_index} (only stream 0 carries it)")
         if len(self.ends) < info.num_streams:
             return False
         complete = [t for t in self.tensors.values() if t.received_bytes == t.header.total_bytes]
@@ -131,5 +135,5 @@ class Assembly:
         bf16 = frozenset(k for k, t in self.tensors.items() if t.header.dtype == DType.BFLOAT16)
         now_s = time.monotonic()
         self.result = ReceivedKV(self.request_id, layers, kinds, bf16, self.received_bytes,
-                                 self.first_byte_s or now_s, now_s)
+                                 self.first_byte_s or now_s, now_s, self.ends[0].manifest)
         self.done.set()

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import ssl
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -49,9 +51,12 @@ def _digest(kv: ReceivedKV) -> int:
                           for name, a in named.items()])
 
 
-async def _child_main(conn: Connection, config: ReceiverConfig) -> None:
+TlsFactory = Callable[[], ssl.SSLContext]  # picklable (a functools.partial of a module function)
+
+
+async def _child_main(conn: Connection, config: ReceiverConfig, tls: TlsFactory | None) -> None:
     loop = asyncio.get_running_loop()
-    async with KVReceiver(config) as rx:
+    async with KVReceiver(config, tls=tls() if tls is not None else None) as rx:
         conn.send(("port", rx.port))
         pending: set[asyncio.Task[None]] = set()
         while True:
@@ -74,16 +79,19 @@ async def _wait_one(rx: KVReceiver, conn: Connection, request_id: int, timeout_s
     conn.send(("done", request_id, kv.num_bytes, kv.first_byte_s, kv.complete_s, _digest(kv)))
 
 
-def _child(conn: Connection, config: ReceiverConfig) -> None:
-    asyncio.run(_child_main(conn, config))
+def _child(conn: Connection, config: ReceiverConfig, tls: TlsFactory | None) -> None:
+    asyncio.run(_child_main(conn, config, tls))
 
 
 class ReceiverProcess:
-    def __init__(self, config: ReceiverConfig | None = None) -> None:
+    def __init__(self, config: ReceiverConfig | None = None, tls: TlsFactory | None = None
+                 ) -> None:
+        """`tls` builds the child's server context there (contexts do not pickle)."""
         self.config = config or ReceiverConfig()
         ctx = mp.get_context("spawn")  # no fork: the parent may hold torch threads
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_child, args=(child_conn, self.config), daemon=True)
+        self._proc = ctx.Process(target=_child, args=(child_conn, self.config, tls),
+                                 daemon=True)
         self.port = 0
 
     def __enter__(self) -> ReceiverProcess:

@@ -6,29 +6,43 @@ that were in flight on it; the server keeps serving. Between frames an idle conn
 `idle_timeout_s` (None: forever, a pooled link is not a transfer); once a frame has begun, or
 while a request is open on the connection, every read is bounded by `frame_timeout_s`.
 `wait_request` is the consumer's side: it returns the `ReceivedKV` or raises the request's error.
+With `tls` (a server ssl.SSLContext that requires client certificates) every connection must
+complete a TLS handshake first, and `accept_peer(name)` may refuse a certificate's name; a
+refused peer is logged with its address and counted in `stats.tls_refused`. Payload checksums
+are required on plaintext connections and optional on TLS ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
-import zlib
+import ssl
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from prfaas.core.errors import ConfigError, TransportError
 from prfaas.transport.assembly import Assembly, ReceivedKV, fresh_buffer
-from prfaas.transport.errors import ChecksumMismatch, PeerAborted, PeerGone, ShortRead
+from prfaas.transport.channel import Channel, TlsChannel, TlsRefused
+from prfaas.transport.errors import (
+    BadHeader,
+    ChecksumMismatch,
+    PeerAborted,
+    PeerGone,
+    ShortRead,
+)
 from prfaas.transport.sockio import recv_exactly, translate, tune, with_timeout
 from prfaas.transport.wire import (
     HEADER_BYTES,
     FrameHeader,
     FrameType,
     Limits,
+    checksum,
     decode_end,
     decode_header,
     trusted_request_id,
@@ -37,6 +51,8 @@ from prfaas.transport.wire import (
 # (request_id, layer, name, array): called as each tensor's last byte arrives.
 TensorCallback = Callable[[int, int, str, np.ndarray], None]
 _RETIRED_IDS = 4096  # ids of consumed requests remembered, so late frames are dropped
+log = logging.getLogger("prfaas.transport")
+THREAD_MIN_BYTES = 64 * 1024  # payloads at least this big are received in a worker thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +75,12 @@ class ReceiverConfig:
 
 @dataclass(slots=True)
 class _Conn:
-    sock: socket.socket
+    chan: Channel
     peer: str
     open_ids: set[int] = field(default_factory=set)  # requests with DATA here, no END yet
     current_id: int | None = None  # request of the frame being read
+    head: bytearray = field(default_factory=lambda: bytearray(HEADER_BYTES))
+    head_bytes: int = 0  # of the next header, already read by the payload thread
 
 
 @dataclass(slots=True)
@@ -71,15 +89,19 @@ class ReceiverStats:
     received_frames: int = 0
     connections_accepted: int = 0
     connections_failed: int = 0
+    tls_refused: int = 0  # handshakes failed or certificate names refused
 
 
 class KVReceiver:
     def __init__(self, config: ReceiverConfig | None = None,
                  on_tensor: TensorCallback | None = None,
-                 allocate: Callable[[int], np.ndarray] = fresh_buffer) -> None:
+                 allocate: Callable[[int], np.ndarray] = fresh_buffer, *,
+                 tls: ssl.SSLContext | None = None,
+                 accept_peer: Callable[[str | None], bool] | None = None) -> None:
         """`allocate(nbytes)` returns the uint8 buffer a tensor is received into (default: a
         fresh numpy array); a decode worker can pass one that draws on its KV pool."""
         self.config = config or ReceiverConfig()
+        self.tls, self.accept_peer = tls, accept_peer
         self.on_tensor = on_tensor
         self.allocate = allocate
         self.stats = ReceiverStats()
@@ -90,6 +112,7 @@ class KVReceiver:
         self._assemblies: dict[int, Assembly] = {}
         self._retired: deque[int] = deque(maxlen=_RETIRED_IDS)
         self._retired_set: set[int] = set()
+        self._pool = ThreadPoolExecutor(64, "kv-recv")  # threads start on demand
 
     @property
     def port(self) -> int:
@@ -129,6 +152,7 @@ class KVReceiver:
             self._listener.close()
         for asm in self._assemblies.values():
             asm.fail(PeerGone(f"request {asm.request_id}: receiver closed"))
+        self._pool.shutdown(wait=False)
 
     async def wait_request(self, request_id: int, timeout_s: float) -> ReceivedKV:
         """Wait for a request to complete; raises its TransportError or TransferTimeout."""
@@ -165,9 +189,26 @@ class KVReceiver:
             sock, addr = await loop.sock_accept(lsock)
             tune(sock)
             self.stats.connections_accepted += 1
-            task = asyncio.create_task(self._serve(_Conn(sock, f"{addr[0]}:{addr[1]}")))
+            task = asyncio.create_task(self._open(sock, f"{addr[0]}:{addr[1]}"))
             self._conn_tasks.add(task)
             task.add_done_callback(self._conn_tasks.discard)
+
+    async def _open(self, sock: socket.socket, peer: str) -> None:
+        if self.tls is None:
+            await self._serve(_Conn(Channel(sock), peer))
+            return
+        try:
+            chan = await with_timeout(
+                TlsChannel.open(sock, self.tls, server_side=True, peer=peer,
+                                accept_name=self.accept_peer),
+                self.config.frame_timeout_s, f"TLS handshake with {peer}")
+        except TransportError as exc:
+            self.stats.tls_refused += 1
+            self.errors.append(exc if isinstance(exc, TlsRefused) else TlsRefused(str(exc)))
+            log.warning("KV receiver refused %s: %s", peer, exc)
+            sock.close()
+            return
+        await self._serve(_Conn(chan, peer))
 
     async def _serve(self, conn: _Conn) -> None:
         try:
@@ -187,20 +228,20 @@ class KVReceiver:
                 if asm is not None:
                     asm.fail(err)
         finally:
-            conn.sock.close()
+            conn.chan.close()
 
     async def _read_header(self, conn: _Conn) -> FrameHeader | None:
-        raw = bytearray(HEADER_BYTES)
-        view = memoryview(raw)
+        raw, view = conn.head, memoryview(conn.head)
         conn.current_id = None
         # Idle between requests may last; a stall while a request is open is a failed transfer.
         wait_s = self.config.frame_timeout_s if conn.open_ids else self.config.idle_timeout_s
         what = f"header from {conn.peer}"
-        loop = asyncio.get_running_loop()
-        first = await with_timeout(loop.sock_recv_into(conn.sock, view), wait_s, what)
+        first, conn.head_bytes = conn.head_bytes, 0
+        if first == 0:
+            first = await with_timeout(conn.chan.recv_into(view), wait_s, what)
         if first == 0:
             return None
-        got = first + await with_timeout(recv_exactly(conn.sock, view[first:]),
+        got = first + await with_timeout(recv_exactly(conn.chan, view[first:]),
                                          self.config.frame_timeout_s, what)
         if got < HEADER_BYTES:
             raise ShortRead(f"{what}: peer closed after {got} of {HEADER_BYTES} header bytes")
@@ -210,16 +251,30 @@ class KVReceiver:
             conn.current_id = trusted_request_id(raw)
             raise
         conn.current_id = h.request_id
+        if not h.payload_checksummed and not conn.chan.authenticated:
+            raise BadHeader(f"{what}: no payload checksum on a plaintext connection")
         return h
 
     async def _read_payload(self, conn: _Conn, h: FrameHeader, into: memoryview) -> None:
         what = f"payload of request {h.request_id} layer {h.layer} from {conn.peer}"
-        got = await with_timeout(recv_exactly(conn.sock, into), self.config.frame_timeout_s,
-                                 what)
+        timeout_s = self.config.frame_timeout_s
+        if len(into) >= THREAD_MIN_BYTES:
+            loop = asyncio.get_running_loop()
+            job = loop.run_in_executor(self._pool, _payload_then_peek, conn.chan, into,
+                                       timeout_s, memoryview(conn.head))
+            try:
+                got, conn.head_bytes = await with_timeout(asyncio.shield(job), None, what)
+            except asyncio.CancelledError:
+                conn.chan.close()  # the thread must stop writing into `into`; it sees closed
+                with contextlib.suppress(Exception):
+                    await job
+                raise
+        else:
+            got = await with_timeout(recv_exactly(conn.chan, into), timeout_s, what)
         if got < len(into):
             raise ShortRead(f"{what}: peer closed after {got} of {len(into)} bytes")
-        if zlib.crc32(into) != h.payload_crc:
-            raise ChecksumMismatch(f"{what}: payload crc32 {zlib.crc32(into):#010x}, header "
+        if h.payload_checksummed and (crc := checksum(into)) != h.payload_crc:
+            raise ChecksumMismatch(f"{what}: payload crc32c {crc:#010x}, header "
                                    f"says {h.payload_crc:#010x}")
         self.stats.received_bytes += HEADER_BYTES + len(into)
 
@@ -257,3 +312,11 @@ class KVReceiver:
         except Exception as exc:  # a consumer bug fails its request, not the link
             asm.fail(TransportError(f"request {h.request_id}: on_tensor callback raised "
                                     f"{type(exc).__name__}: {exc}"))
+
+
+def _payload_then_peek(chan: Channel, into: memoryview, timeout_s: float,
+                       head: memoryview) -> tuple[int, int]:
+    """Worker thread: the payload, then whatever of the next header is already there (saves
+    the loop a wake-up per frame)."""
+    got = chan.recv_exactly_sync(into, timeout_s)
+    return got, chan.try_recv_sync(head) if got == len(into) else 0

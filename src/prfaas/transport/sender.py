@@ -7,6 +7,9 @@ frame on every connection and waits until all the request's frames are in the ke
 token bucket, shared by all connections, shapes the link when `rate_gbps` is set.
 A failed connection breaks the sender: every pending and later call raises that error, and
 the caller opens a new sender. Arrays must not be modified until `finish` returns.
+With `tls` (an ssl.SSLContext holding this side's certificate) every connection is TLS,
+`server_name` is the name the receiver's certificate must carry, and DATA frames carry no
+payload checksum (the TLS records authenticate them).
 """
 
 from __future__ import annotations
@@ -14,19 +17,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from prfaas.core.errors import ConfigError, TransportError
 from prfaas.core.units import MIB
+from prfaas.transport.channel import Channel, TlsChannel, TlsRefused
 from prfaas.transport.errors import ConnectFailed
 from prfaas.transport.monitor import LinkMonitor
 from prfaas.transport.shaper import TokenBucket
-from prfaas.transport.sockio import send_all, translate, tune, with_timeout
+from prfaas.transport.sockio import translate, tune, with_timeout
 from prfaas.transport.tcpinfo import tcp_retransmits
 from prfaas.transport.wire import EndInfo, Kind, abort_frame, data_header, dtype_code, end_frame
 from prfaas.transport.wire import kind_code as to_kind
+
+THREAD_MIN_BYTES = 64 * 1024  # frames at least this big are written from a worker thread
+BATCH_BYTES = 8 * MIB  # an unshaped stream writes up to this much queued data per thread job
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +81,7 @@ class _Request:
 
 @dataclass(slots=True)
 class _Stream:
-    sock: socket.socket
+    chan: Channel
     queue: asyncio.Queue[_Frame] = field(default_factory=asyncio.Queue)
     queued_bytes: int = 0
     sent_bytes: int = 0
@@ -91,10 +100,12 @@ class SenderStats:
 
 class KVSender:
     def __init__(self, host: str, port: int, config: SenderConfig | None = None,
-                 monitor: LinkMonitor | None = None, bucket: TokenBucket | None = None) -> None:
+                 monitor: LinkMonitor | None = None, bucket: TokenBucket | None = None, *,
+                 tls: ssl.SSLContext | None = None, server_name: str | None = None) -> None:
         """`bucket` shares one shaped link among several senders (e.g. one per decode node
         behind the same inter-DC link); without it, `config.rate_gbps` shapes this sender."""
         self.host, self.port = host, port
+        self.tls, self.server_name = tls, server_name or host
         self.config = config or SenderConfig()
         self.monitor = monitor
         if bucket is None and self.config.rate_gbps is not None:
@@ -105,6 +116,7 @@ class KVSender:
         self._inflight_bytes = 0
         self._space = asyncio.Condition()
         self._error: TransportError | None = None
+        self._pool: ThreadPoolExecutor | None = None
         if monitor is not None:
             monitor.add_retransmit_source(self.tcp_retransmits)
 
@@ -117,6 +129,7 @@ class KVSender:
 
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
+        self._pool = ThreadPoolExecutor(self.config.num_connections, "kv-send")
         for i in range(self.config.num_connections):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             tune(sock)
@@ -124,13 +137,25 @@ class KVSender:
             try:
                 await with_timeout(loop.sock_connect(sock, (self.host, self.port)),
                                    self.config.connect_timeout_s, what)
+                chan = await self._open_channel(sock, what)
             except TransportError as exc:
                 sock.close()
                 await self.close()
                 raise ConnectFailed(str(exc)) from exc
-            stream = _Stream(sock)
+            stream = _Stream(chan)
             stream.task = asyncio.create_task(self._pump(i, stream))
             self._streams.append(stream)
+
+    async def _open_channel(self, sock: socket.socket, what: str) -> Channel:
+        if self.tls is None:
+            return Channel(sock)
+        try:
+            return await with_timeout(
+                TlsChannel.open(sock, self.tls, server_side=False, peer=what,
+                                server_hostname=self.server_name),
+                self.config.connect_timeout_s, f"{what}: TLS handshake")
+        except TlsRefused as exc:
+            raise ConnectFailed(str(exc)) from exc
 
     async def send_array(self, request_id: int, layer: int, kind: str | Kind, name: str,
                          array: np.ndarray, *, bfloat16: bool = False) -> None:
@@ -145,20 +170,22 @@ class KVSender:
         req = self._requests.setdefault(request_id, _Request())
         req.num_tensors += 1
         req.tensor_bytes += len(view)
-        step = self.config.chunk_bytes
+        step, shape, crc = self.config.chunk_bytes, tuple(array.shape), self.tls is None
         for offset in range(0, max(len(view), 1), step):
             chunk = view[offset : offset + step]
-            header = data_header(request_id, layer, kind_c, name, code, tuple(array.shape),
-                                 len(view), offset, chunk)
+            header = data_header(request_id, layer, kind_c, name, code, shape, len(view), offset,
+                                 chunk, crc)
             await self._enqueue(_Frame(request_id, header, chunk), self._least_loaded())
 
-    async def finish(self, request_id: int, timeout_s: float | None = None) -> None:
-        """Send END on every connection; wait until all of the request's frames are sent."""
+    async def finish(self, request_id: int, timeout_s: float | None = None,
+                     manifest: bytes = b"") -> None:
+        """Send END on every connection (the `manifest` travels on the first one); wait until
+        all of the request's frames are sent."""
         self._check()
         req = self._requests.setdefault(request_id, _Request())
         n = len(self._streams)
         for i, stream in enumerate(self._streams):
-            info = EndInfo(req.num_tensors, req.tensor_bytes, n, i)
+            info = EndInfo(req.num_tensors, req.tensor_bytes, n, i, manifest if i == 0 else b"")
             await self._enqueue(_Frame(request_id, end_frame(request_id, info), b""), stream)
         await self._await_drained(request_id, req, timeout_s)
 
@@ -178,8 +205,11 @@ class KVSender:
                 stream.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, TransportError):
                     await stream.task
-            stream.sock.close()
+            stream.chan.close()
         self._streams.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
         if self.monitor is not None:  # what never left is no longer pending on this link
             self.monitor.remove_pending(self._inflight_bytes)
         self._inflight_bytes = 0
@@ -190,7 +220,7 @@ class KVSender:
                            self._inflight_bytes, self.tcp_retransmits())
 
     def tcp_retransmits(self) -> int:
-        return sum(tcp_retransmits(s.sock) for s in self._streams)
+        return sum(tcp_retransmits(s.chan.sock) for s in self._streams)
 
     def _check(self) -> None:
         if self._error is not None:
@@ -242,19 +272,34 @@ class KVSender:
     async def _pump(self, index: int, stream: _Stream) -> None:
         """Write one connection's frames in order; the first failure breaks the sender."""
         what = f"send to {self.host}:{self.port} (connection {index})"
+        loop, timeout_s = asyncio.get_running_loop(), self.config.io_timeout_s
         try:
             while True:
-                frame = await stream.queue.get()
+                batch = self._batch(stream, await stream.queue.get())
+                nbytes = sum(f.nbytes for f in batch)
                 if self._bucket is not None:
-                    await self._bucket.acquire(frame.nbytes)
-                await with_timeout(send_all(stream.sock, frame.header), self.config.io_timeout_s,
-                                   what)
-                if frame.payload:
-                    await with_timeout(send_all(stream.sock, frame.payload),
-                                       self.config.io_timeout_s, what)
-                await self._sent(stream, frame)
+                    await self._bucket.acquire(nbytes)
+                if nbytes >= THREAD_MIN_BYTES:
+                    parts = [p for f in batch for p in (f.header, f.payload)]
+                    await with_timeout(loop.run_in_executor(
+                        self._pool, stream.chan.send_parts_sync, parts, timeout_s), None, what)
+                else:
+                    for f in batch:
+                        await with_timeout(stream.chan.send_frame(f.header, f.payload),
+                                           timeout_s, what)
+                for f in batch:
+                    await self._sent(stream, f)
         except (TransportError, OSError) as exc:
             await self._fail(translate(exc, what))
+
+    def _batch(self, stream: _Stream, first: _Frame) -> list[_Frame]:
+        """`first` plus what is already queued behind it (one frame at a time when shaped, so
+        the token bucket paces frames, not bursts of them)."""
+        batch, nbytes = [first], first.nbytes
+        while self._bucket is None and nbytes < BATCH_BYTES and not stream.queue.empty():
+            batch.append(stream.queue.get_nowait())
+            nbytes += batch[-1].nbytes
+        return batch
 
     async def _sent(self, stream: _Stream, frame: _Frame) -> None:
         n = frame.nbytes

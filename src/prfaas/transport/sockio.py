@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from prfaas.core.errors import TransportError
 from prfaas.transport.errors import PeerGone, TransferTimeout
@@ -38,20 +38,19 @@ async def with_timeout(aw: Awaitable[_T], timeout_s: float | None, what: str) ->
         raise translate(exc, what) from exc
 
 
-async def recv_exactly(sock: socket.socket, view: memoryview) -> int:
-    """Fill `view` from `sock`; returns the bytes read, fewer than len(view) only at EOF."""
-    loop = asyncio.get_running_loop()
+class Readable(Protocol):
+    async def recv_into(self, view: memoryview) -> int: ...
+
+
+async def recv_exactly(chan: Readable, view: memoryview) -> int:
+    """Fill `view` from `chan`; returns the bytes read, fewer than len(view) only at EOF."""
     got = 0
     while got < len(view):
-        n = await loop.sock_recv_into(sock, view[got:])
+        n = await chan.recv_into(view[got:])
         if n == 0:
             break
         got += n
     return got
-
-
-async def send_all(sock: socket.socket, data: bytes | memoryview) -> None:
-    await asyncio.get_running_loop().sock_sendall(sock, data)
 
 
 def tune(sock: socket.socket) -> None:

@@ -1,35 +1,46 @@
-"""The KV wire format: a fixed 116-byte little-endian header, then raw payload bytes.
+"""The KV wire format (version 2): a fixed 116-byte little-endian header, then raw payload bytes.
 
 Every frame is `HEADER` followed by `chunk_bytes` of payload. DATA frames carry one chunk of one
 tensor (a tensor larger than a chunk is split into several frames, possibly on different
-connections); END frames carry an `EndInfo` payload; ABORT frames carry a UTF-8 reason. The byte
-table lives in docs/wire-format.md. Nothing here touches sockets: `decode_header` validates
-every field against `Limits` and raises a typed `TransportError` naming the bad value.
+connections); END frames carry an `EndInfo` payload (totals, then an opaque manifest the layer
+above binds the transfer with); ABORT frames carry a UTF-8 reason. Checksums are CRC-32C
+(Castagnoli, hardware-accelerated); the payload one is present when flag `PAYLOAD_CHECKSUM` is
+set, which a sender over TLS leaves off (the TLS record MAC already authenticates every byte).
+The byte table lives in docs/wire-format.md. Nothing here touches sockets: `decode_header`
+validates every field against `Limits` and raises a typed `TransportError` naming the bad value.
 """
 
 from __future__ import annotations
 
 import math
 import struct
-import zlib
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TypeVar
 
+import crc32c
 import numpy as np
 
 from prfaas.transport.errors import BadHeader, BadMagic, BadShape, ChecksumMismatch, FrameTooLarge
 
 MAGIC = b"PKV1"
-VERSION = 1
+VERSION = 2
 MAX_NDIM = 6
 NAME_BYTES = 16
-# magic, version, frame type, kind, dtype, request id, layer, ndim, (3 pad), name, shape[6],
-# total bytes, chunk offset, chunk bytes, payload crc32; the header crc32 follows.
-_BODY = struct.Struct("<4sBBBBQIB3x16s6QQQII")
+PAYLOAD_CHECKSUM = 0x01  # flags bit: payload_crc holds the payload's CRC-32C
+# magic, version, frame type, kind, dtype, request id, layer, ndim, flags, (2 pad), name,
+# shape[6], total bytes, chunk offset, chunk bytes, payload crc; the header crc follows.
+_BODY = struct.Struct("<4sBBBBQIBB2x16s6QQQII")
 _CRC = struct.Struct("<I")
 HEADER_BYTES = _BODY.size + _CRC.size  # 116
-_END = struct.Struct("<QQII")  # tensors, tensor bytes, streams, this stream's index
+# tensors, tensor bytes, streams, this stream's index, manifest bytes (the manifest follows)
+_END = struct.Struct("<QQIII")
+
+
+def checksum(data: bytes | bytearray | memoryview) -> int:
+    """CRC-32C of `data` (SSE4.2 instruction where the CPU has it)."""
+    value: int = crc32c.crc32c(data)
+    return value
 _E = TypeVar("_E", bound=IntEnum)
 
 
@@ -108,6 +119,7 @@ class Limits:
     max_chunk_bytes: int = 64 * 2**20
     max_tensor_bytes: int = 8 * 2**30
     max_abort_bytes: int = 4096
+    max_manifest_bytes: int = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,16 +135,23 @@ class FrameHeader:
     chunk_offset: int
     chunk_bytes: int
     payload_crc: int
+    flags: int = PAYLOAD_CHECKSUM
+
+    @property
+    def payload_checksummed(self) -> bool:
+        return bool(self.flags & PAYLOAD_CHECKSUM)
 
 
 @dataclass(frozen=True, slots=True)
 class EndInfo:
-    """END payload: what the whole request carried, and which of the sender's streams this is."""
+    """END payload: what the whole request carried, which of the sender's streams this is, and
+    the manifest (opaque bytes here; serve/manifest.py gives them meaning; stream 0 only)."""
 
     num_tensors: int
     tensor_bytes: int
     num_streams: int
     stream_index: int
+    manifest: bytes = b""
 
 
 def encode_header(h: FrameHeader) -> bytes:
@@ -144,9 +163,9 @@ def encode_header(h: FrameHeader) -> bytes:
     shape6 = (*h.shape, *([0] * (MAX_NDIM - len(h.shape))))
     body = _BODY.pack(
         MAGIC, VERSION, h.frame_type, h.kind, h.dtype, h.request_id, h.layer, len(h.shape),
-        name, *shape6, h.total_bytes, h.chunk_offset, h.chunk_bytes, h.payload_crc,
+        h.flags, name, *shape6, h.total_bytes, h.chunk_offset, h.chunk_bytes, h.payload_crc,
     )
-    return body + _CRC.pack(zlib.crc32(body))
+    return body + _CRC.pack(checksum(body))
 
 
 def decode_header(raw: bytes | bytearray | memoryview, limits: Limits) -> FrameHeader:
@@ -154,15 +173,17 @@ def decode_header(raw: bytes | bytearray | memoryview, limits: Limits) -> FrameH
     FrameTooLarge naming the offending field."""
     body = bytes(raw[: _BODY.size])
     fields = _BODY.unpack(body)
-    magic, version, ftype, kind, dtype, rid, layer, ndim, name_raw = fields[:9]
-    shape6, (total, offset, chunk, pcrc) = fields[9:15], fields[15:]
+    magic, version, ftype, kind, dtype, rid, layer, ndim, flags, name_raw = fields[:10]
+    shape6, (total, offset, chunk, pcrc) = fields[10:16], fields[16:]
     if magic != MAGIC:
         raise BadMagic(f"magic={magic!r}: expected {MAGIC!r}")
     if version != VERSION:
         raise BadMagic(f"version={version}: this receiver speaks version {VERSION}")
     (want_crc,) = _CRC.unpack(bytes(raw[_BODY.size : HEADER_BYTES]))
-    if zlib.crc32(body) != want_crc:
-        raise ChecksumMismatch(f"header crc32={want_crc:#010x}: computed {zlib.crc32(body):#010x}")
+    if checksum(body) != want_crc:
+        raise ChecksumMismatch(f"header crc32c={want_crc:#010x}: computed {checksum(body):#010x}")
+    if flags & ~PAYLOAD_CHECKSUM:
+        raise BadHeader(f"flags={flags:#04x}: unknown bits")
     h = FrameHeader(
         frame_type=_enum(FrameType, ftype, "frame_type"),
         request_id=rid,
@@ -175,6 +196,7 @@ def decode_header(raw: bytes | bytearray | memoryview, limits: Limits) -> FrameH
         chunk_offset=offset,
         chunk_bytes=chunk,
         payload_crc=pcrc,
+        flags=flags,
     )
     _check_lengths(h, limits)
     return h
@@ -221,42 +243,50 @@ def _check_lengths(h: FrameHeader, limits: Limits) -> None:
                        f"total_bytes={h.total_bytes}")
     if h.chunk_bytes == 0 and h.total_bytes > 0:
         raise BadShape("chunk_bytes=0 in a non-empty tensor")
-    if h.frame_type == FrameType.END and h.total_bytes != _END.size:
-        raise BadShape(f"END payload total_bytes={h.total_bytes}: expected {_END.size}")
+    if h.frame_type == FrameType.END and not (
+            _END.size <= h.total_bytes <= _END.size + limits.max_manifest_bytes):
+        raise BadShape(f"END payload total_bytes={h.total_bytes}: expected {_END.size} plus a "
+                       f"manifest of at most {limits.max_manifest_bytes} bytes")
 
 
 def data_header(request_id: int, layer: int, kind: Kind, name: str, dtype: DType,
                 shape: tuple[int, ...], total_bytes: int, chunk_offset: int,
-                payload: memoryview) -> bytes:
+                payload: memoryview, with_checksum: bool = True) -> bytes:
+    """`with_checksum=False` (senders over TLS): no payload CRC, flag cleared."""
     return encode_header(FrameHeader(
         FrameType.DATA, request_id, layer, kind, name, dtype, shape, total_bytes,
-        chunk_offset, len(payload), zlib.crc32(payload),
+        chunk_offset, len(payload), checksum(payload) if with_checksum else 0,
+        PAYLOAD_CHECKSUM if with_checksum else 0,
     ))
+
+
+def _small_frame(ftype: FrameType, request_id: int, payload: bytes) -> bytes:
+    header = encode_header(FrameHeader(
+        ftype, request_id, 0, Kind.NONE, "", DType.UINT8, (len(payload),),
+        len(payload), 0, len(payload), checksum(payload),
+    ))
+    return header + payload
 
 
 def end_frame(request_id: int, info: EndInfo) -> bytes:
-    payload = _END.pack(info.num_tensors, info.tensor_bytes, info.num_streams, info.stream_index)
-    header = encode_header(FrameHeader(
-        FrameType.END, request_id, 0, Kind.NONE, "", DType.UINT8, (len(payload),),
-        len(payload), 0, len(payload), zlib.crc32(payload),
-    ))
-    return header + payload
+    fixed = _END.pack(info.num_tensors, info.tensor_bytes, info.num_streams, info.stream_index,
+                      len(info.manifest))
+    return _small_frame(FrameType.END, request_id, fixed + info.manifest)
 
 
 def decode_end(payload: bytes | bytearray | memoryview) -> EndInfo:
-    tensors, tensor_bytes, streams, index = _END.unpack(bytes(payload))
+    raw = bytes(payload)
+    tensors, tensor_bytes, streams, index, manifest_bytes = _END.unpack(raw[: _END.size])
     if streams == 0 or index >= streams:
         raise BadShape(f"END stream_index={index} of num_streams={streams}")
-    return EndInfo(tensors, tensor_bytes, streams, index)
+    if manifest_bytes != len(raw) - _END.size:
+        raise BadShape(f"END manifest_bytes={manifest_bytes}: payload has "
+                       f"{len(raw) - _END.size} after the totals")
+    return EndInfo(tensors, tensor_bytes, streams, index, raw[_END.size :])
 
 
 def abort_frame(request_id: int, reason: str) -> bytes:
-    payload = reason.encode()[:4096]
-    header = encode_header(FrameHeader(
-        FrameType.ABORT, request_id, 0, Kind.NONE, "", DType.UINT8, (len(payload),),
-        len(payload), 0, len(payload), zlib.crc32(payload),
-    ))
-    return header + payload
+    return _small_frame(FrameType.ABORT, request_id, reason.encode()[:4096])
 
 
 def trusted_request_id(raw: bytes | bytearray | memoryview) -> int | None:
@@ -266,7 +296,7 @@ def trusted_request_id(raw: bytes | bytearray | memoryview) -> int | None:
     if len(raw) < HEADER_BYTES or body[:4] != MAGIC or body[4] != VERSION:
         return None
     (want_crc,) = _CRC.unpack(bytes(raw[_BODY.size : HEADER_BYTES]))
-    if zlib.crc32(body) != want_crc:
+    if checksum(body) != want_crc:
         return None
     request_id: int = _BODY.unpack(body)[5]
     return request_id

@@ -1,0 +1,147 @@
+"""KV transport over mutual TLS 1.3: exact content, and the receiver refusing a plaintext
+client, a client with a certificate from another CA, one with no certificate, and a member
+that is not an accepted sender; each refusal is counted and logged with the peer's address."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from collections.abc import Awaitable
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import Certs
+
+from prfaas.security.tls import Identity
+from prfaas.transport import KVReceiver, KVSender, SenderConfig
+from prfaas.transport.errors import BadHeader
+from prfaas.transport.wire import HEADER_BYTES, DType, EndInfo, Kind, data_header, end_frame
+
+
+def run(coro: Awaitable[Any], timeout_s: float = 30.0) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+def _receiver(certs: Certs) -> KVReceiver:
+    ident = Identity.load(certs.dir, "pdd-0")
+    return KVReceiver(tls=ident.server_context(),
+                      accept_peer=lambda name: name in {"prfaas-0", "pdp-0"})
+
+
+def test_tls_round_trip_is_exact_and_carries_the_manifest(certs: Certs) -> None:
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((513, 64)).astype(np.float16) for _ in range(3)]
+
+    async def body() -> None:
+        rx = _receiver(certs)
+        async with rx:
+            tls = Identity.load(certs.dir, "prfaas-0").client_context()
+            cfg = SenderConfig(num_connections=3, chunk_bytes=16 * 1024)
+            async with KVSender("127.0.0.1", rx.port, cfg, tls=tls, server_name="pdd-0") as tx:
+                for i, a in enumerate(arrays):
+                    await tx.send_array(7, i, "mla", "kv_c", a)
+                await tx.finish(7, manifest=b"bound")
+            kv = await rx.wait_request(7, timeout_s=10)
+        for i, a in enumerate(arrays):
+            assert kv.layers[i]["kv_c"].tobytes() == a.tobytes()
+        assert kv.manifest == b"bound"
+        assert rx.stats.tls_refused == 0 and rx.stats.connections_failed == 0
+
+    run(body())
+
+
+def _plaintext_client(port: int) -> bytes:
+    """A well-formed v2 frame, but no TLS: what an unauthenticated injector would send."""
+    payload = np.zeros(64, np.uint8).data
+    frame = data_header(1, 0, Kind.MLA, "kv_c", DType.UINT8, (64,), 64, 0, payload) + bytes(64)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(frame + end_frame(1, EndInfo(1, 64, 1, 0)))
+        try:
+            return s.recv(4096)  # the server's TLS alert (or nothing) before it hangs up
+        except OSError:
+            return b""
+
+
+def _tls_client(port: int, ca: str, cert: tuple[str, str] | None, name: str = "pdd-0") -> str:
+    """Handshake and try to send; returns how it ended (TLS 1.3 clients learn of a refused
+    certificate only when they next read)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_verify_locations(ca)
+    if cert is not None:
+        ctx.load_cert_chain(*cert)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        try:
+            with ctx.wrap_socket(raw, server_hostname=name) as s:
+                s.sendall(b"\0" * HEADER_BYTES)
+                return f"read {s.recv(1)!r}"
+        except (ssl.SSLError, OSError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.parametrize("client", ["plaintext", "foreign_ca", "no_certificate",
+                                    "unaccepted_member"])
+def test_receiver_refuses_unauthenticated_peers(certs: Certs, client: str,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    d, f = certs.dir, certs.foreign
+
+    async def body() -> tuple[str, KVReceiver]:
+        rx = _receiver(certs)
+        async with rx:
+            loop = asyncio.get_running_loop()
+            if client == "plaintext":
+                outcome = repr(await loop.run_in_executor(None, _plaintext_client, rx.port))
+            elif client == "foreign_ca":  # trusts our CA, shows a cert the other CA signed
+                outcome = await loop.run_in_executor(None, _tls_client, rx.port, str(d / "ca.pem"),
+                                                     (str(f / "prfaas-0.pem"),
+                                                      str(f / "prfaas-0.key")))
+            elif client == "no_certificate":
+                outcome = await loop.run_in_executor(None, _tls_client, rx.port,
+                                                     str(d / "ca.pem"), None)
+            else:  # a certificate of this CA, but not one of the prefill workers
+                outcome = await loop.run_in_executor(None, _tls_client, rx.port,
+                                                     str(d / "ca.pem"),
+                                                     (str(d / "stranger.pem"),
+                                                      str(d / "stranger.key")))
+            for _ in range(200):  # the refusal is counted once the server side has run
+                if rx.stats.tls_refused:
+                    break
+                await asyncio.sleep(0.02)
+            with pytest.raises(Exception, match="timed out"):
+                await rx.wait_request(1, timeout_s=0.2)  # nothing was admitted
+        return outcome, rx
+
+    with caplog.at_level(logging.WARNING, logger="prfaas.transport"):
+        outcome, rx = run(body())
+    assert rx.stats.tls_refused == 1, outcome
+    assert rx.stats.received_frames == 0
+    assert "read b'\\x00'" not in outcome  # the client never got an answer to its bytes
+    refusal = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert refusal and "127.0.0.1:" in refusal[0]
+    if client == "unaccepted_member":
+        assert "'stranger'" in refusal[0]
+
+
+def test_plaintext_frame_without_payload_checksum_is_refused() -> None:
+    async def body() -> KVReceiver:
+        rx = KVReceiver()
+        async with rx:
+            payload = np.zeros(64, np.uint8).data
+            frame = data_header(1, 0, Kind.MLA, "kv_c", DType.UINT8, (64,), 64, 0, payload,
+                                with_checksum=False)
+            _r, w = await asyncio.open_connection("127.0.0.1", rx.port)
+            w.write(frame + bytes(64))
+            await w.drain()
+            for _ in range(200):
+                if rx.errors:
+                    break
+                await asyncio.sleep(0.02)
+            w.close()
+        return rx
+
+    rx = run(body())
+    assert isinstance(rx.errors[0], BadHeader)
+    assert "no payload checksum on a plaintext connection" in str(rx.errors[0])
