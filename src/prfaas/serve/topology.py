@@ -180,6 +180,11 @@ class Topology:
         return replace(self, workers=tuple(replace(w, host=moved.get(w.role, w.host))
                                            for w in self.workers))
 
+    def with_security(self, security: SecuritySpec) -> Topology:
+        """A copy with `security` in force (its PrfaaS workers' control API HTTPS with TLS)."""
+        return replace(self, security=security, workers=tuple(
+            replace(w, tls=security.tls and w.role == "prfaas") for w in self.workers))
+
     def with_ports(self) -> Topology:
         """A copy with every port 0 replaced by a currently free port."""
         workers = tuple(replace(w, port=w.port or free_port(w.host),
