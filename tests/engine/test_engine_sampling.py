@@ -9,7 +9,7 @@ from engine_factories import engine, prompt
 from prfaas.core.errors import ConfigError
 from prfaas.engine import SamplingParams
 from prfaas.engine.penalties import TokenHistory, apply_penalties
-from prfaas.engine.sampling import choose, sample_full, token_logprobs
+from prfaas.engine.sampling import choose, prompt_logprobs, sample_full, token_logprobs
 
 
 def test_penalties_follow_vllm() -> None:
@@ -125,3 +125,16 @@ def test_prompt_logits_match_from_scratch_and_resumed() -> None:
     resumed = eng.prefill(ids, prefix=full.kv.snapshot_at(128), all_logits=True)
     assert resumed.prompt_logits is not None
     assert torch.equal(resumed.prompt_logits, full.prompt_logits[128:])
+
+
+def test_prompt_logprobs_are_log_softmax_of_the_previous_position() -> None:
+    eng = engine("kimi")
+    ids = prompt(70)
+    logits = eng.prefill(ids, all_logits=True).prompt_logits
+    assert logits is not None
+    got = prompt_logprobs(ids, logits, 2)
+    ref = torch.log_softmax(logits, -1)
+    assert len(got) == 69
+    for i, s in enumerate(got):
+        assert s.token == ids[i + 1] and s.logprob == float(ref[i, ids[i + 1]])
+        assert [t for t, _ in s.top] == torch.argsort(ref[i], descending=True)[:2].tolist()

@@ -9,6 +9,17 @@ import pytest
 
 
 @pytest.fixture(scope="session")
+def live() -> Iterator[Any]:
+    """One deployment (serve_helpers.topology) shared by the live test modules."""
+    from serve_helpers import topology
+
+    from prfaas.serve.launcher import Deployment
+
+    with Deployment(topology()) as dep:
+        yield dep
+
+
+@pytest.fixture(scope="session")
 def engine() -> Iterator[Any]:
     from prfaas.engine import Engine, EngineConfig
 

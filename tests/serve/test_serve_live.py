@@ -1,28 +1,22 @@
 """The live system end to end: router + PrfaaS prefill + PD-P + PD-D as processes.
 
-One deployment for the module (startup costs a few seconds per process on 2 cores).
+One deployment, shared with test_openai_live.py (conftest `live`: startup costs a few seconds
+per process on 2 cores).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from serve_helpers import MODEL, THRESHOLD_TOKENS, complete, get_text, post, topology
+from serve_helpers import MODEL, THRESHOLD_TOKENS, complete, get_text, post
 
 from prfaas.serve.launcher import Deployment
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def live() -> Iterator[Deployment]:
-    with Deployment(topology()) as dep:
-        yield dep
 
 
 def _prompts() -> list[str]:

@@ -17,9 +17,10 @@ from prfaas.policy.base import Router
 from prfaas.serve.dispatch import Dispatcher
 from prfaas.serve.kvship import reframe
 from prfaas.serve.metrics import RouterMetrics
-from prfaas.serve.openai_api import ApiError, TextStream, load_json, parse
+from prfaas.serve.openai_api import ApiError, load_json, parse
 from prfaas.serve.prefix_store import PrefixStore
 from prfaas.serve.router import RouterService
+from prfaas.serve.stops import StopText
 from prfaas.serve.topology import load_topology, parse_topology
 
 TOK = ByteTokenizer()
@@ -68,7 +69,7 @@ def test_parse_completion_and_chat() -> None:
     ({"model": MODEL, "prompt": "x" * 16382, "max_tokens": 3}, "max_tokens"),
     ({"model": MODEL, "prompt": "x" * 16384}, "prompt"),
     ({"model": "other", "prompt": "x"}, "model"),
-    ({"model": MODEL, "prompt": "x", "n": 2}, "n"),
+    ({"model": MODEL, "prompt": "x", "n": 0}, "n"),
     ({"model": MODEL, "prompt": "x", "temperature": 9}, "temperature"),
     ({"model": MODEL, "prompt": [1, 999]}, "prompt"),
 ])
@@ -86,7 +87,7 @@ def test_malformed_json() -> None:
 
 
 def test_text_stream_keeps_multibyte_characters_whole() -> None:
-    stream = TextStream()
+    stream = StopText()
     deltas = [stream.feed(b) for b in "é€".encode()] + [stream.feed(257), stream.flush()]
     assert "".join(deltas) == "é€" and deltas[0] == ""
 

@@ -21,9 +21,9 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             arrivals: str, seed: int, requests: int, as_json: bool) -> None:
     """Search the offered rate: sustainable = throughput >= 98% of offered, no growing queue."""
     process = make_arrivals(arrivals)
-    scenario, cfg = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
-                                no_pipeline, prefill_order)
-    exact = plan_all(scenario, mode="exact").systems[system].lambda_max
+    scenario, cfg, planned = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
+                                         no_pipeline, prefill_order)
+    exact = planned.systems[system].lambda_max
     paper = plan_all(scenario, mode="paper").systems[system].lambda_max
     result = find_capacity(cfg, scenario.lengths, scenario.output_tokens, process,
                            requests=requests, seed=seed, guess_rps=paper)

@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from prfaas.cli.common import console, echo_json
-from prfaas.planner.figures import figure5
 from prfaas.planner.report import plan_json, plan_table
 from prfaas.planner.search import inputs_from_scenario, plan_all
 from prfaas.scenario import load_scenario
@@ -30,6 +29,8 @@ def command(scenario_name: str, mode: str | None, as_json: bool, plot_dir: str |
     elapsed = time.perf_counter() - start
     paths: list[Path] = []
     if plot_dir:
+        from prfaas.planner.figures import figure5  # matplotlib only when drawing
+
         paths = figure5(inputs_from_scenario(scenario), result.systems["prfaas_pd"],
                         result.mode, Path(plot_dir))
     if as_json:

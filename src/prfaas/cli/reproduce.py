@@ -27,10 +27,22 @@ from prfaas.sim.system import SYSTEMS
 @click.option("--scenario", "scenario_name", default="paper-case-study", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/reproduce",
               show_default=True, help="Folder for plots and results.json.")
-def command(scenario_name: str, out_dir: str) -> None:
+@click.option("--live", is_flag=True, help="Run every system live on emulated hardware "
+              "(prfaas.emulated) beside the simulator; writes live.json and live_vs_sim.png.")
+@click.option("--quick", is_flag=True, help="With --live: fewer, shorter probes (~15 min).")
+@click.option("--scales", "scales_text", default=None, metavar="time=A,bytes=B,tokens=D,output=G",
+              help="With --live: the emulation's unit scales (docs/emulated.md).")
+@click.option("--keep-logs", is_flag=True, help="With --live: keep worker logs in OUT/logs.")
+def command(scenario_name: str, out_dir: str, live: bool, quick: bool,
+            scales_text: str | None, keep_logs: bool) -> None:
     """Planner, simulated capacities, TTFT under load and plots for the case study."""
     started = time.perf_counter()
     scenario = load_scenario(scenario_name)
+    if live:
+        from prfaas.emulated.report import run_live_command
+
+        run_live_command(scenario, Path(out_dir), quick, scales_text, keep_logs)
+        return
     folder = Path(out_dir)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("reproducing", total=STEPS)

@@ -39,11 +39,23 @@ def _raise_stop(signum: int, _: FrameType | None) -> None:
               "security.metrics).")
 @click.option("--log-dir", default=None,
               help="Where component logs go (default: a temp dir, removed on stop).")
+@click.option("--scenario", "scenario_name", default=None, metavar="NAME|PATH",
+              help="Run a scenario's system as emulated workers (instead of --topology).")
+@click.option("--system", default="prfaas_pd", show_default=True,
+              help="With --scenario: prfaas_pd | homogeneous_pd | naive_heterogeneous.")
+@click.option("--scales", "scales_text", default=None, metavar="time=A,bytes=B,tokens=D,output=G",
+              help="With --scenario: the emulation's unit scales (docs/emulated.md).")
 def command(topology_path: str | None, port: int | None, policy: str | None,
             api_key: str | None, protect_metrics: bool,
-            threshold_tokens: int | None, log_dir: str | None) -> None:
+            threshold_tokens: int | None, log_dir: str | None, scenario_name: str | None,
+            system: str, scales_text: str | None) -> None:
     """Start the router and every worker of the topology as processes on this host."""
-    topo = load_topology(topology_path)
+    if scenario_name is not None:
+        from prfaas.emulated.cli import scenario_topology
+
+        topo = scenario_topology(scenario_name, system, scales_text, topology_path)
+    else:
+        topo = load_topology(topology_path)
     if port is not None:
         topo = replace(topo, router_port=port)
     if policy is not None:

@@ -51,15 +51,19 @@ def system_options(f: Any) -> Any:
 def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int | None,
                 n_d: int | None, link_gbps: float | None, no_pipeline: bool,
                 prefill_order: str) -> Any:
+    """(scenario, SystemConfig, the scenario's exact plan) for the shared flags."""
+    from prfaas.planner.search import plan_all
+
     scenario = load_scenario(scenario_name)
+    planned = plan_all(scenario, mode="exact")
     overrides: dict[str, Any] = {"prefill_order": prefill_order}
     if link_gbps is not None:
         overrides["link"] = LinkSchedule.constant(link_gbps)
     if no_pipeline:
         overrides["pipelined"] = False
     cfg = build_system(scenario, system, threshold_tokens=threshold, n_p=n_p, n_d=n_d,
-                       **overrides)
-    return scenario, cfg
+                       planned=planned, **overrides)
+    return scenario, cfg, planned
 
 
 @click.command("simulate")
@@ -94,12 +98,10 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             link_schedule: str | None = None, ttft_slo: float | None = None,
             rebalance: bool = False) -> None:
     """Simulate SYSTEM under a synthetic or trace workload; report TTFT, TPOT, egress."""
-    scenario, cfg = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
-                                no_pipeline, prefill_order)
+    scenario, cfg, planned = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
+                                         no_pipeline, prefill_order)
     if rate is None and trace is None:
-        from prfaas.planner.search import plan_all
-
-        rate = round(0.9 * plan_all(scenario, mode="exact").systems[system].lambda_max, 3)
+        rate = round(0.9 * planned.systems[system].lambda_max, 3)
     workload = build_workload(scenario.lengths, scenario.output_tokens, rate_rps=rate,
                               duration_s=duration, requests=requests,
                               arrivals=arrivals, trace=trace, seed=seed)
@@ -113,7 +115,7 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             cache_capacity=cache_capacity, link_schedule=link_schedule,
             snapshot_policy=snapshot_policy, ttft_slo_s=ttft_slo, threshold=threshold,
             n_p=n_p, n_d=n_d, link_gbps=link_gbps, no_pipeline=no_pipeline,
-            prefill_order=prefill_order, rebalance=roles)
+            prefill_order=prefill_order, rebalance=roles, planned=planned)
     else:
         sim, summary = simulate(cfg, workload, rebalance=roles)
     summary["arrivals"] = arrivals if trace is None else "trace"

@@ -165,14 +165,24 @@ class Engine:
         return store_a
 
     def start(self, kv: SequenceKV, logits: torch.Tensor, params: SamplingParams,
-              prompt_ids: list[int]) -> DecodeSeq:
-        """A running sequence from a prefilled cache: its first token sampled from the last
-        prompt position's logits (output step 0)."""
-        history = TokenHistory(prompt_ids, self.config.vocab_size) if params.penalized else None
-        first = sample_full(logits, params, 0, history, self.tokenizer.eos_id)
+              prompt_ids: list[int], output_offset: int = 0) -> DecodeSeq:
+        """A running sequence from a prefilled cache: its next token sampled from the last
+        position's logits. `output_offset` > 0 continues a request whose last that many
+        tokens of `prompt_ids` were its own output (a resumed request): they count as output
+        for penalties, and the draw is output step `output_offset`, as if never interrupted."""
+        if not 0 <= output_offset < len(prompt_ids):
+            raise ConfigError("output_offset", output_offset,
+                              f"must be in [0, {len(prompt_ids)}) for this prompt")
+        cut = len(prompt_ids) - output_offset
+        history = None
+        if params.penalized:
+            history = TokenHistory(prompt_ids[:cut], self.config.vocab_size)
+            for token in prompt_ids[cut:]:
+                history.add(token)
+        first = sample_full(logits, params, output_offset, history, self.tokenizer.eos_id)
         if history is not None:
             history.add(first.token)
-        return DecodeSeq(kv, first.token, params, 1, history, first)
+        return DecodeSeq(kv, first.token, params, output_offset + 1, history, first)
 
     def decode_logits(self, batch: list[DecodeSeq]) -> torch.Tensor:
         """Feed each sequence's last token and append its KV; the next logits [B, vocab]."""

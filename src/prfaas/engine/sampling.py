@@ -1,10 +1,11 @@
 """Token sampling with vLLM's parameters and a per-request seed.
 
-Order, as vLLM's sampler: the model's logits -> logprobs (log-softmax of those raw logits, what
-`logprobs` reports) -> `min_tokens` (EOS and `stop_token_ids` masked while fewer outputs) ->
-penalties (penalties.py) -> greedy argmax when temperature is 0, else temperature, `min_p`,
-`top_k`, `top_p`, one seeded draw. Everything is a function of one row of logits and that
-request's own history, so a request samples the same tokens alone or in any batch.
+Order, as vLLM's sampler: the model's logits -> logprobs (log-softmax of those raw logits,
+what `logprobs` reports) -> `logit_bias` -> `min_tokens` (EOS and `stop_token_ids` masked while
+fewer outputs) -> penalties (penalties.py) -> greedy argmax when temperature is 0, else
+temperature, `min_p`, `top_k`, `top_p`, one seeded draw. Everything is a function of one row
+of logits and that request's own history, so a request samples the same tokens alone or in
+any batch.
 
 The random draw for output token number `step` uses a generator seeded from (seed, step), not a
 generator carried along: the same request samples the same tokens whichever process produced
@@ -40,6 +41,7 @@ class SamplingParams:
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None  # top alternatives to report per output token (None: none)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
 
     def __post_init__(self) -> None:
         _check(self.temperature >= 0.0 and math.isfinite(self.temperature), "temperature",
@@ -56,6 +58,8 @@ class SamplingParams:
         _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, "must be >= 0")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
                "must be non-negative token ids")
+        _check(all(t >= 0 and -100.0 <= b <= 100.0 for t, b in self.logit_bias), "logit_bias",
+               self.logit_bias, "token ids >= 0 with biases in [-100, 100]")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
                self.logprobs, f"must be in [0, {MAX_LOGPROBS}]")
 
@@ -123,6 +127,11 @@ def sample_full(logits: torch.Tensor, params: SamplingParams, step: int,
 def choose(logits: torch.Tensor, params: SamplingParams, step: int,
            history: TokenHistory | None, stop_ids: tuple[int, ...]) -> int:
     x = logits
+    if params.logit_bias:
+        x = x.clone()
+        for token, bias in params.logit_bias:
+            if token < x.shape[0]:
+                x[token] += bias
     if step < params.min_tokens and stop_ids:
         x = x.clone()
         x[[t for t in stop_ids if t < x.shape[0]]] = float("-inf")
@@ -146,3 +155,17 @@ def choose(logits: torch.Tensor, params: SamplingParams, step: int,
     gen = torch.Generator().manual_seed((params.seed * _STEP_STRIDE + step) % 2**63)
     choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)
     return int(order[choice].item())
+
+
+def prompt_logprobs(token_ids: list[int], logits: torch.Tensor, k: int) -> list[Sampled]:
+    """Logprobs of prompt tokens 1.. under the logits of the position before each
+    (`logits` [len(token_ids), vocab], a from-scratch prefill's `prompt_logits`)."""
+    logp = torch.log_softmax(logits[:-1].float(), dim=-1)  # [L-1, vocab]
+    targets = torch.tensor(token_ids[1:], dtype=torch.long)
+    own = logp.gather(1, targets[:, None])[:, 0].tolist()
+    tops: list[tuple[tuple[int, float], ...]] = [()] * len(own)
+    if k > 0:
+        values, order = torch.sort(logp, dim=-1, descending=True, stable=True)
+        tops = [tuple(zip(o, v, strict=True)) for o, v in
+                zip(order[:, :k].tolist(), values[:, :k].tolist(), strict=True)]
+    return [Sampled(t, lp, top) for t, lp, top in zip(token_ids[1:], own, tops, strict=True)]

@@ -46,11 +46,11 @@ class PrefillTime:
             raise ConfigError("prefill.points", list(zip(x, y, strict=True)),
                               "lengths and times must be positive")
         # nonnegative least squares keeps the fit physical (no negative overhead/quadratic term)
-        from scipy.optimize import nnls
+        from prfaas.models.nnls import nnls
 
         design = np.stack([x**2, x, np.ones_like(x)], axis=1)
         scale = design.max(axis=0)
-        coef, _ = nnls(design / scale, y)
+        coef = nnls(design / scale, y)
         c2, c1, c0 = (coef / scale).tolist()
         return PrefillTime(c2, c1, c0, source or "quadratic least-squares fit")
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from prfaas.planner.search import SYSTEMS, PlanResult
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 TITLES = {"prfaas_pd": "PrfaaS-PD", "homogeneous_pd": "Homogeneous PD",
           "naive_heterogeneous": "Naive heterogeneous PD"}
@@ -31,6 +32,8 @@ def _tokens(value: Any) -> str:
 
 def plan_table(result: PlanResult, reference: dict[str, Any] | None = None) -> Table:
     """Rows = metrics, columns = systems; the paper's figure in parentheses where known."""
+    from rich.table import Table  # only when a table is drawn (start-up time)
+
     reference = reference or {}
     note = "; paper's figure in parentheses" if reference else ""
     table = Table(title=f"Throughput plan (mode: {result.mode}{note})")

@@ -5,9 +5,11 @@
 request has arrived (`KVReceiver.wait_request`, bounded by the kv timeout), it rebuilds the
 cache (`Engine.import_kv` on top of its cached prefix), keeps the prompt's block-aligned prefix
 in its own cache, samples the first token from the shipped logits, admits the request into the
-continuous batch and streams each token. A failed transfer (bad frame, peer gone, timeout)
-ends the request with an `error` line; the worker keeps serving. `POST /cancel` abandons a
-request still waiting for its KV.
+continuous batch and streams each token with its logprob (`lp`; `top` alternatives when
+`sampling.logprobs` asks). With `sampling.n` > 1 the one imported cache is forked into n
+sequences (each its own seed) and token lines carry `seq`; `max_tokens` 0 imports and ends.
+A failed transfer (bad frame, peer gone, timeout) ends the request with an `error` line; the
+worker keeps serving. `POST /cancel` abandons a request still waiting for its KV.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from typing import Any
 from aiohttp import web
 
 from prfaas.core.errors import ConfigError, PrfaasError, TransportError
-from prfaas.engine import DecodeSeq, Engine, SamplingParams, SequenceKV, sample
+from prfaas.engine import Engine, SamplingParams, SequenceKV
 from prfaas.engine.config import LAYER_KINDS
+from prfaas.engine.sampling import Sampled
 from prfaas.serve.batcher import Active, Batcher
 from prfaas.serve.kvship import read_shipped
 from prfaas.serve.manifest import Binding, IntegrityError, model_identity, verify
 from prfaas.serve.prefix_store import CacheDelta, PrefixStore
 from prfaas.serve.protocol import ProtocolError, error_reply, get_int, get_tokens, line, read_body
+from prfaas.serve.stops import StopText
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.serve.worker_metrics import worker_metrics
 from prfaas.transport import KVReceiver, ReceiverConfig
@@ -38,11 +42,30 @@ from prfaas.transport import KVReceiver, ReceiverConfig
 log = logging.getLogger("prfaas.security")
 
 
-def sampling_from(raw: object) -> SamplingParams:
+_FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+           "repetition_penalty")
+_INTS = ("seed", "top_k", "min_tokens")
+
+
+def sampling_from(raw: object) -> tuple[SamplingParams, int, tuple[str, ...], int]:
+    """The /generate `sampling` dict -> (params, n sequences, stop strings); absent keys take
+    SamplingParams' defaults (greedy), so older routers' bodies keep working. The 4th value,
+    `output_offset`, is how many of the prompt's last tokens a resumed request generated."""
     m = raw if isinstance(raw, dict) else {}
     try:
-        return SamplingParams(float(m.get("temperature", 0.0)), float(m.get("top_p", 1.0)),
-                              int(m.get("seed", 0)), bool(m.get("ignore_eos", False)))
+        kw: dict[str, Any] = {k: float(m[k]) for k in _FLOATS if m.get(k) is not None}
+        kw.update({k: int(m[k]) for k in _INTS if m.get(k) is not None})
+        kw["ignore_eos"] = bool(m.get("ignore_eos", False))
+        kw["stop_token_ids"] = tuple(int(t) for t in m.get("stop_token_ids") or ())
+        kw["logit_bias"] = tuple((int(t), float(b)) for t, b in m.get("logit_bias") or ())
+        if m.get("logprobs") is not None:
+            kw["logprobs"] = int(m["logprobs"])
+        n = int(m.get("n", 1))
+        stops = tuple(str(x) for x in m.get("stop") or ())
+        offset = int(m.get("output_offset", 0))
+        if not 1 <= n <= 64 or (n > 1 and offset):
+            raise ValueError(f"n={n} must be in [1, 64] (1 when resuming)")
+        return SamplingParams(**kw), n, stops, offset
     except (TypeError, ValueError) as exc:
         raise ProtocolError("sampling", raw, str(exc)) from exc
 
@@ -123,8 +146,11 @@ class DecodeWorker:
             body = await read_body(request)
             rid = get_int(body, "request_id")
             token_ids = get_tokens(body)
-            max_tokens = get_int(body, "max_tokens", minimum=1)
-            params = sampling_from(body.get("sampling"))
+            max_tokens = get_int(body, "max_tokens", minimum=0)
+            params, n, stops, offset = sampling_from(body.get("sampling"))
+            if offset >= len(token_ids):
+                raise ProtocolError("sampling.output_offset", offset, "must be below the "
+                                    f"prompt length {len(token_ids)}")
         except ProtocolError as exc:
             return error_reply(400, "bad_request", str(exc))
         prefix = self.store.lookup(token_ids, len(token_ids) - 1) if self._can_cache else None
@@ -134,7 +160,8 @@ class DecodeWorker:
         await resp.write(line({"event": "ready", "nonce": nonce,
                                "cached_tokens": prefix.num_tokens if prefix else 0}))
         try:
-            active, info = await self._admit(rid, token_ids, prefix, max_tokens, params, nonce)
+            actives, info = await self._admit(rid, token_ids, prefix, max_tokens, params, n,
+                                              stops, nonce, offset)
         except (PrfaasError, asyncio.CancelledError) as exc:
             task = asyncio.current_task()
             if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
@@ -149,12 +176,12 @@ class DecodeWorker:
                 await resp.write(line({"event": "error", "message": msg,
                                        "type": type(exc).__name__}))
             return resp
-        await self._stream(resp, active, info)
+        await self._stream(resp, actives, info)
         return resp
 
     async def _admit(self, rid: int, token_ids: list[int], prefix: SequenceKV | None,
-                     max_tokens: int, params: SamplingParams, nonce: str
-                     ) -> tuple[Active, dict[str, Any]]:
+                     max_tokens: int, params: SamplingParams, n: int, stops: tuple[str, ...],
+                     nonce: str, offset: int = 0) -> tuple[list[Active], dict[str, Any]]:
         t0 = time.perf_counter()
         self.kv_waiting += 1
         wait = asyncio.create_task(self.receiver.wait_request(rid, self.topology.timeouts.kv_s))
@@ -174,14 +201,22 @@ class DecodeWorker:
         except ConfigError as exc:
             raise TransportError(f"request {rid}: received KV does not fit: {exc}") from exc
         delta = self._keep_prefix(kv, token_ids, shipped.snap_at, shipped.snapshots)
-        first = sample(shipped.logits, params, 0)
-        active = Active(DecodeSeq(kv, first, params, step=1), max_tokens)
-        if not active.offer(first, self.engine.tokenizer.eos_id):
-            self.batcher.admit(active)
+        events: asyncio.Queue[tuple[int, Sampled | str]] = asyncio.Queue()
+        actives = []
+        for i in range(n if max_tokens > 0 else 0):
+            own = kv if i == 0 else kv.snapshot_at(kv.num_tokens)  # a fork shares full blocks
+            seq = self.engine.start(own, shipped.logits, params.for_sequence(i), token_ids,
+                                    offset)
+            active = Active(seq, max_tokens, events=events, index=i,
+                            stops=_stop_text(stops, params.min_tokens, token_ids, offset))
+            assert seq.last is not None
+            if not active.offer(seq.last, self.engine.tokenizer.eos_id):
+                self.batcher.admit(active)
+            actives.append(active)
         info = {"kv_wait_s": t_kv - t0, "kv_bytes_received": shipped.num_bytes,
                 "kv_verify_s": time.perf_counter() - t_kv,
                 "cache": delta.to_json()}
-        return active, info
+        return actives, info
 
     def _keep_prefix(self, kv: SequenceKV, token_ids: list[int], snap_at: int,
                      snapshots: dict[int, dict[str, Any]]) -> CacheDelta:
@@ -195,24 +230,48 @@ class DecodeWorker:
                       if _has_state_at(kv, b * self.block_size_tokens)]
         return self.store.insert(kv, token_ids, boundaries)
 
-    async def _stream(self, resp: web.StreamResponse, active: Active,
+    async def _stream(self, resp: web.StreamResponse, actives: list[Active],
                       info: dict[str, Any]) -> None:
+        reasons: dict[int, str] = {}
+        many = len(actives) > 1
         try:
-            while True:
-                event = await active.events.get()
-                if isinstance(event, int):
-                    await resp.write(line({"event": "token", "id": event}))
-                    continue
-                if event.startswith("error"):
+            while len(reasons) < len(actives):
+                index, event = await actives[0].events.get()
+                if isinstance(event, Sampled):
+                    out: dict[str, Any] = {"event": "token", "id": event.token,
+                                           "lp": event.logprob}
+                    if event.top:
+                        out["top"] = [list(p) for p in event.top]
+                    if many:
+                        out["seq"] = index
+                    await resp.write(line(out))
+                elif event.startswith("error"):
                     await resp.write(line({"event": "error", "message": event}))
+                    for a in actives:
+                        a.cancelled = True
+                    return
                 else:
-                    self.served += 1
-                    await resp.write(line({"event": "done", "finish_reason": event,
-                                           "num_tokens": active.emitted, **info}))
-                return
+                    reasons[index] = event
+            self.served += 1
+            ordered = [reasons[i] for i in range(len(actives))] or ["length"]
+            await resp.write(line({"event": "done", "finish_reason": ordered[0],
+                                   "finish_reasons": ordered,
+                                   "num_tokens": sum(a.emitted for a in actives), **info}))
         except (ConnectionError, asyncio.CancelledError):
-            active.cancelled = True  # the router went away: free the batch slot
+            for a in actives:
+                a.cancelled = True  # the router went away: free the batch slots
             raise
+
+
+def _stop_text(stops: tuple[str, ...], min_tokens: int, token_ids: list[int], offset: int
+               ) -> StopText | None:
+    """The stop matcher, already fed a resumed request's earlier output."""
+    if not stops:
+        return None
+    text = StopText(stops, min_tokens)
+    for token in token_ids[len(token_ids) - offset:]:
+        text.feed(token)
+    return text
 
 
 def _has_state_at(kv: SequenceKV, num_tokens: int) -> bool:

@@ -64,6 +64,8 @@ class Outcome:
     resume_reason: str = ""
     token_ids: list[int] = field(default_factory=list)
     router_s: float = 0.0  # router CPU time, waits on workers excluded
+    transfers: int = 0  # prefills that shipped KV for this request (one per attempt; n > 1: 1)
+    prompt_logprobs: list[Any] | None = None  # echo + logprobs: the prefill's, for the prompt
 
     def to_json(self) -> dict[str, Any]:
         return {"route": self.route, "prefill_node": self.prefill_node,
@@ -136,6 +138,10 @@ class Dispatcher:
                 if failures > self.topology.max_retries:
                     raise ApiError(502, f"request failed on {where}: {exc}",
                                    kind="server_error", code="transfer_failed") from exc
+                if out.token_ids and req.best_of > 1:  # n sequences' tokens: no one prefix
+                    raise ApiError(502, f"request failed on {where} after tokens of its "
+                                        f"{req.best_of} sequences were sent: {exc}",
+                                   kind="server_error", code="transfer_failed") from exc
                 if out.token_ids:
                     out.resumed += 1
                     out.resume_reason = f"{where}: {exc}"
@@ -181,9 +187,11 @@ class Dispatcher:
         t = self.topology.timeouts
         # a resumed request: what was generated is prompt now, and counts against max_tokens
         prompt = req.token_ids + out.token_ids
+        sampling = req.sampling()
+        if out.token_ids:  # the decoder counts them as output (penalties, seed steps, stops)
+            sampling["output_offset"] = len(out.token_ids)
         attempt = Attempt(next(self._ids), prompt, req.max_tokens - len(out.token_ids),
-                          {"temperature": req.temperature, "top_p": req.top_p,
-                           "seed": req.seed, "ignore_eos": req.ignore_eos},
+                          sampling,
                           pre, dec, first_token_s=t.prefill_s + t.kv_s, prefill_s=t.prefill_s,
                           kv_deadline_s=self._kv_deadline_s(pre, decision.uncached_tokens),
                           token_s=t.token_s, connect_s=t.connect_s)
@@ -234,6 +242,9 @@ class Dispatcher:
         out.cached_tokens, out.kv_bytes = report.cached_tokens, report.kv_bytes
         out.prefill_s, out.prefill_queue_s = report.prefill_s, report.prefill_queue_s
         out.transfer_tail_s = report.transfer_tail_s
+        out.transfers += 1
+        if out.prompt_logprobs is None:
+            out.prompt_logprobs = report.prompt_logprobs
         if report.computed_tokens > 0:
             self.cluster.measured(pre.name, report.prefill_s / report.computed_tokens)
         self.cluster.shipped(pre, report.kv_bytes)

@@ -79,6 +79,9 @@ class RouterMetrics:
                                      FAST_BUCKETS_S)
         self.requests = Counter("prfaas_requests_total", "Requests by route and outcome.")
         self.kv_bytes = Counter("prfaas_kv_bytes_total", "KV bytes shipped, by link.")
+        self.kv_transfers = Counter("prfaas_kv_transfers_total",
+                                    "Prompt KV transfers (one per prefill that shipped; an "
+                                    "n > 1 request is one), by link.")
         self.cached_tokens = Counter("prfaas_cached_tokens_total",
                                      "Prompt tokens served from a prefill node's prefix cache.")
         self.retries = Counter("prfaas_retries_total", "Requests retried on the local path.")
@@ -107,6 +110,7 @@ class RouterMetrics:
             refresh()
         parts: list[Histogram | Counter] = [
             self.ttft, self.tpot, self.e2e, self.router_time, self.requests, self.kv_bytes,
+            self.kv_transfers,
             self.cached_tokens, self.retries, self.errors, self.threshold, self.inflight,
             self.link_egress, self.link_pending, self.resumes, self.worker_up, self.restarts,
             self.degraded, self.active]

@@ -1,16 +1,22 @@
-"""The engine a topology names: `model: {preset: tiny|small|mimo_like, <EngineConfig fields>}`."""
+"""The engine a topology names: `model: {preset: tiny|small|mimo_like, <EngineConfig fields>}`,
+or `model: {backend: emulated, scenario, system, scales}` (prfaas.emulated: compute time from
+a scenario's hardware profiles)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from prfaas.core.errors import ConfigError
-from prfaas.engine import EngineConfig
+from prfaas.engine import Engine, EngineConfig
 
 PRESETS = ("tiny", "small", "mimo_like")
 
 
 def engine_config(model: dict[str, Any]) -> EngineConfig:
+    if model.get("backend") == "emulated":
+        from prfaas.emulated.backend import emulated_config, scaled_from_model
+
+        return emulated_config(scaled_from_model(model)[0])
     fields = dict(model)
     preset = str(fields.pop("preset", "tiny"))
     if preset not in PRESETS:
@@ -20,3 +26,12 @@ def engine_config(model: dict[str, Any]) -> EngineConfig:
     except TypeError as exc:
         raise ConfigError("model", sorted(fields), f"not EngineConfig fields: {exc}") from exc
     return config
+
+
+def make_engine(model: dict[str, Any], role: str) -> Engine:
+    """The engine one worker of `role` runs (the emulated one takes its role's hardware)."""
+    if model.get("backend") == "emulated":
+        from prfaas.emulated.backend import emulated_engine
+
+        return emulated_engine(model, role)
+    return Engine(engine_config(model))

@@ -4,22 +4,20 @@
 (HTTP 400 with an OpenAI-style error object: message, type, param, code). Chat messages are
 rendered with a fixed byte-level template (`<|role|>\\n content \\n ... <|assistant|>\\n`).
 Limits follow `Engine.generate`: prompt tokens <= context, prompt + max_tokens <= context + 1.
-Unsupported OpenAI options (n > 1, logprobs, stop, tools) are refused, not ignored.
+Which fields are honoured and which refused: openai_params.py (nothing is silently ignored).
 """
 
 from __future__ import annotations
 
-import codecs
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from prfaas.engine import ByteTokenizer
+from prfaas.serve import openai_params as op
+from prfaas.serve.openai_params import ParamError
 
 DEFAULT_MAX_TOKENS = 16
-_UNSUPPORTED = ("logprobs", "top_logprobs", "stop", "tools", "functions", "best_of", "suffix",
-                "echo", "response_format", "logit_bias")
 
 
 class ApiError(Exception):
@@ -50,6 +48,39 @@ class GenRequest:
     seed: int
     stream: bool
     ignore_eos: bool
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # top alternatives per token; None = no logprobs
+    echo: bool = False
+    prompt_text: str = ""  # the prompt as text (echo)
+    n: int = 1
+    best_of: int = 1  # sequences generated (>= n); the n with the highest logprob are returned
+    include_usage: bool = False
+
+    def sampling(self) -> dict[str, Any]:
+        """The /generate `sampling` dict (worker protocol; serve/decode_worker.py reads it)."""
+        out: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p,
+                               "seed": self.seed, "ignore_eos": self.ignore_eos}
+        extra: dict[str, Any] = {
+            "top_k": self.top_k, "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty, "min_tokens": self.min_tokens,
+            "logit_bias": [list(p) for p in self.logit_bias], "stop": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids), "logprobs": self.logprobs,
+            "n": self.best_of,
+            "prompt_logprobs": self.logprobs if self.echo and self.logprobs is not None else None}
+        defaults = {"top_k": -1, "min_p": 0.0, "presence_penalty": 0.0,
+                    "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_tokens": 0,
+                    "n": 1}
+        out.update({k: v for k, v in extra.items() if v not in (None, [], defaults.get(k))})
+        return out
 
 
 def load_json(raw: bytes) -> dict[str, Any]:
@@ -98,87 +129,57 @@ def _prompt_ids(body: dict[str, Any], tokenizer: ByteTokenizer) -> list[int]:
                    param="prompt")
 
 
-def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise ApiError(400, f"'{key}'={value!r} must be a number in [{lo}, {hi}]", param=key)
-    return float(value)
-
-
 def parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: int,
           tokenizer: ByteTokenizer) -> GenRequest:
+    try:
+        return _parse(body, chat, model_name, context_tokens, tokenizer)
+    except ParamError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from exc
+
+
+def _parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: int,
+           tokenizer: ByteTokenizer) -> GenRequest:
     model = body.get("model")
     if model != model_name:
         raise ApiError(400, f"model {model!r} does not exist; this server serves {model_name!r}",
                        param="model", code="model_not_found")
-    for key in _UNSUPPORTED:
-        if body.get(key) not in (None, False, [], ""):
-            raise ApiError(400, f"'{key}' is not supported by this server", param=key)
-    if body.get("n", 1) != 1:
-        raise ApiError(400, f"n={body.get('n')!r}: only n=1 is supported", param="n")
+    op.check_keys(body, "chat" if chat else "completions")
     ids = tokenizer.encode(chat_prompt(body.get("messages"))) if chat else _prompt_ids(
         body, tokenizer)
     if len(ids) > context_tokens:
         raise ApiError(400, f"the prompt is {len(ids)} tokens, longer than the context of "
                             f"{context_tokens} tokens", param="prompt" if not chat else "messages",
                        code="context_length_exceeded")
+    stream, echo = bool(body.get("stream")), bool(body.get("echo"))
+    if echo and stream:
+        raise ParamError("echo", "'echo' is supported without 'stream' only")
     key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
     max_tokens = body.get(key, DEFAULT_MAX_TOKENS)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
-        raise ApiError(400, f"'{key}'={max_tokens!r} must be a positive integer", param=key)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < (
+            0 if echo else 1):
+        raise ApiError(400, f"'{key}'={max_tokens!r} must be a positive integer (0 allowed "
+                            "with echo)", param=key)
     if len(ids) + max_tokens > context_tokens + 1:
         raise ApiError(400, f"'{key}'={max_tokens} plus the {len(ids)}-token prompt is beyond "
                             f"the context of {context_tokens} tokens", param=key,
                        code="context_length_exceeded")
-    seed = body.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ApiError(400, f"'seed'={seed!r} must be a non-negative integer", param="seed")
-    return GenRequest(chat, model, ids, max_tokens, _number(body, "temperature", 1.0, 0.0, 2.0),
-                      _number(body, "top_p", 1.0, 1e-9, 1.0), seed, bool(body.get("stream")),
-                      bool(body.get("ignore_eos", False)))
-
-
-class TextStream:
-    """Token ids -> text deltas; incremental UTF-8 so a multi-byte character is emitted whole."""
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def feed(self, token: int) -> str:
-        return self._decoder.decode(bytes([token])) if token < 256 else ""
-
-    def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
-
-
-def _envelope(req: GenRequest, rid: str, chunk: bool) -> dict[str, Any]:
-    kind = ("chat.completion.chunk" if chunk else "chat.completion") if req.chat else (
-        "text_completion")
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": req.model}
-
-
-def chunk_body(req: GenRequest, rid: str, text: str, finish: str | None,
-               first: bool = False) -> dict[str, Any]:
-    out = _envelope(req, rid, chunk=True)
-    if req.chat:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text:
-            delta["content"] = text
-        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-    else:
-        out["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
-    return out
-
-
-def full_body(req: GenRequest, rid: str, text: str, finish: str,
-              usage: dict[str, int]) -> dict[str, Any]:
-    out = _envelope(req, rid, chunk=False)
-    if req.chat:
-        out["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text},
-                           "finish_reason": finish, "logprobs": None}]
-    else:
-        out["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
-    out["usage"] = usage
-    return out
+    seed = op.integer(body, "seed", 0, 0, 2**62)
+    n = op.integer(body, "n", 1, 1, op.MAX_N)
+    best_of = op.integer(body, "best_of", n, n, op.MAX_N)
+    if best_of > n and stream:
+        raise ParamError("best_of", "'best_of' > n cannot be streamed")
+    min_tokens = op.integer(body, "min_tokens", 0, 0, max_tokens)
+    vocab = tokenizer.vocab_size
+    return GenRequest(
+        chat, model, ids, max_tokens, op.number(body, "temperature", 1.0, 0.0, 2.0),
+        op.number(body, "top_p", 1.0, 1e-9, 1.0), seed, stream,
+        bool(body.get("ignore_eos", False)), top_k=op.top_k(body),
+        min_p=op.number(body, "min_p", 0.0, 0.0, 1.0),
+        presence_penalty=op.number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=op.number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=op.repetition_penalty(body), min_tokens=min_tokens,
+        logit_bias=op.logit_bias(body, vocab), stop=op.stop_strings(body),
+        stop_token_ids=op.token_ids(body, "stop_token_ids", vocab),
+        logprobs=op.logprobs(body, chat), echo=echo,
+        prompt_text=tokenizer.decode(ids) if echo else "", n=n, best_of=best_of,
+        include_usage=op.include_usage(body))

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from prfaas.core.errors import ConfigError, TransportError
 from prfaas.engine import Engine, LayerKV, SequenceKV
+from prfaas.engine.sampling import MAX_LOGPROBS, prompt_logprobs
 from prfaas.serve.kvship import layer_arrays, meta_arrays, reframe
 from prfaas.serve.manifest import Binding, ManifestBuilder, model_identity
 from prfaas.serve.prefix_store import PrefixStore
@@ -95,6 +96,7 @@ class PrefillWorker:
             rid = get_int(body, "request_id")
             token_ids = get_tokens(body)
             ship_from = get_int(body, "ship_from_tokens", default=0)
+            prompt_k = _prompt_logprobs(body.get("prompt_logprobs"))
             deadline_s = _positive_float(body.get("kv_deadline_s", self.topology.timeouts.kv_s))
             dest = body.get("dest")
             if not isinstance(dest, dict) or not isinstance(dest.get("host"), str):
@@ -111,7 +113,7 @@ class PrefillWorker:
             if not isinstance(nonce, str):
                 raise ProtocolError("nonce", nonce, "must be the decoder's challenge string")
             reply = await self._run(rid, token_ids, ship_from, (dest["host"], port), deadline_s,
-                                    nonce)
+                                    nonce, prompt_k)
         except ProtocolError as exc:
             return error_reply(400, "bad_request", str(exc))
         except ConfigError as exc:
@@ -123,7 +125,8 @@ class PrefillWorker:
         return web.json_response(reply)
 
     async def _run(self, rid: int, token_ids: list[int], ship_from: int,
-                   dest: tuple[str, int], deadline_s: float, nonce: str) -> dict[str, Any]:
+                   dest: tuple[str, int], deadline_s: float, nonce: str,
+                   prompt_k: int | None = None) -> dict[str, Any]:
         t_arrive = time.perf_counter()
         sender = await self._sender(dest)
         builder = ManifestBuilder(Binding(rid, nonce, self.model_id,
@@ -135,9 +138,11 @@ class PrefillWorker:
             self.running = 1
             t_start = time.perf_counter()
             try:
-                prefix = self.store.lookup(token_ids, len(token_ids) - 1)
+                # prompt logprobs need every position's logits: no cached prefix then
+                prefix = (self.store.lookup(token_ids, len(token_ids) - 1)
+                          if prompt_k is None else None)
                 result, pump = await self._compute(rid, token_ids, ship_from, prefix, sender,
-                                                   builder)
+                                                   builder, prompt_k is not None)
             finally:
                 self.running = 0
         t_computed = time.perf_counter()
@@ -160,7 +165,8 @@ class PrefillWorker:
                 "computed_tokens": computed, "shipped_tokens": len(token_ids) - ship_from,
                 "kv_bytes": kv_bytes, "queue_s": t_start - t_arrive,
                 "prefill_s": t_computed - t_start, "transfer_tail_s": t_done - t_computed,
-                "cache": delta.to_json()}
+                "cache": delta.to_json(),
+                **_prompt_reply(token_ids, result.prompt_logits, prompt_k)}
 
     async def _tail(self, pump: asyncio.Task[int], sender: KVSender, builder: ManifestBuilder,
                     rid: int, result: Any, ship_from: int, num_tokens: int) -> int:
@@ -171,7 +177,8 @@ class PrefillWorker:
         return kv_bytes
 
     async def _compute(self, rid: int, token_ids: list[int], ship_from: int,
-                       prefix: SequenceKV | None, sender: KVSender, builder: ManifestBuilder
+                       prefix: SequenceKV | None, sender: KVSender, builder: ManifestBuilder,
+                       all_logits: bool = False
                        ) -> tuple[Any, asyncio.Task[int]]:
         loop = asyncio.get_running_loop()
         layers: asyncio.Queue[LayerKV | None] = asyncio.Queue()
@@ -182,7 +189,8 @@ class PrefillWorker:
 
         pump = asyncio.create_task(self._pump(sender, builder, rid, layers))
         try:
-            result = await asyncio.to_thread(self.engine.prefill, token_ids, prefix, hook)
+            result = await asyncio.to_thread(self.engine.prefill, token_ids, prefix, hook,
+                                             all_logits)
         except BaseException:
             layers.put_nowait(None)
             with contextlib.suppress(TransportError):
@@ -256,3 +264,21 @@ def _positive_float(raw: object) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not raw > 0:
         raise ProtocolError("kv_deadline_s", raw, "must be a number > 0")
     return float(raw)
+
+
+def _prompt_logprobs(raw: object) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_LOGPROBS:
+        raise ProtocolError("prompt_logprobs", raw, f"must be an integer in [0, {MAX_LOGPROBS}]")
+    return raw
+
+
+def _prompt_reply(token_ids: list[int], logits: Any, k: int | None) -> dict[str, Any]:
+    """`prompt_logprobs`: [logprob, [[id, logprob], ...]] of prompt tokens 1.. (echo). A
+    request asking for them (`prompt_logprobs`: k) is prefilled from scratch, so every
+    position's logits exist; they are the same as a resumed prefill's (engine exactness)."""
+    if k is None or logits is None:
+        return {}
+    return {"prompt_logprobs": [[s.logprob, [list(p) for p in s.top]]
+                                for s in prompt_logprobs(token_ids, logits, k)]}

@@ -41,8 +41,7 @@ class Served:
 
 def build_app(topology_path: str, name: str) -> Served:
     # imported here: the engine (torch) loads only in the process that serves
-    from prfaas.engine import Engine
-    from prfaas.serve.model import engine_config
+    from prfaas.serve.model import engine_config, make_engine
 
     topo = load_topology(topology_path)
     config = engine_config(topo.model)
@@ -55,7 +54,7 @@ def build_app(topology_path: str, name: str) -> Served:
                                api_key=api_key_from_env())
         return Served(router.app(), topo.router_host, topo.router_port)
     spec = topo.worker(name)
-    engine = Engine(config)
+    engine = make_engine(topo.model, spec.role)
     if spec.role == "pd-d":
         from prfaas.serve.decode_worker import DecodeWorker
 

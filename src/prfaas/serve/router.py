@@ -29,16 +29,9 @@ from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.dispatch import Dispatcher, Outcome
 from prfaas.serve.membership import Membership
 from prfaas.serve.metrics import RouterMetrics
-from prfaas.serve.openai_api import (
-    ApiError,
-    GenRequest,
-    TextStream,
-    chunk_body,
-    full_body,
-    load_json,
-    parse,
-)
+from prfaas.serve.openai_api import ApiError, GenRequest, load_json, parse
 from prfaas.serve.plan import live_plan_inputs
+from prfaas.serve.respond import Reply, feed, prompt_logprobs
 from prfaas.serve.topology import Topology
 
 
@@ -170,23 +163,21 @@ class RouterService:
     async def _whole(self, req: GenRequest, rid: str, query: Any, decision: Any, out: Outcome,
                      t0: float) -> web.Response:
         assert self._dispatcher is not None
-        text, first_s = TextStream(), None
-        parts: list[str] = []
+        reply, first_s = Reply(req, rid), None
         try:
             async for event in self._dispatcher.tokens(req, query, decision, out):
                 mark = time.perf_counter()
                 first_s = first_s if first_s is not None else mark - t0
-                parts.append(text.feed(event.token_id))
+                feed(reply, event)
                 out.router_s += time.perf_counter() - mark
+            reply.finish()
+            body = reply.whole(reply.usage(out.cached_tokens), prompt_logprobs(req, out))
         except ApiError as exc:
-            self._count(out, "error", t0, first_s)
+            self._count(out, "error", t0, first_s, reply)
             return web.json_response({**exc.body(), "prfaas": out.to_json()}, status=exc.status)
-        parts.append(text.flush())
-        self._count(out, "ok", t0, first_s)
-        reply = full_body(req, rid, "".join(parts), out.finish_reason, self._usage(req, out))
-        reply["prfaas"] = {**out.to_json(), "ttft_s": first_s,
-                           "e2e_s": time.perf_counter() - t0}
-        return web.json_response(reply)
+        self._count(out, "ok", t0, first_s, reply)
+        body["prfaas"] = {**out.to_json(), "ttft_s": first_s, "e2e_s": time.perf_counter() - t0}
+        return web.json_response(body)
 
     async def _stream(self, request: web.Request, req: GenRequest, rid: str, query: Any,
                       decision: Any, out: Outcome, t0: float) -> web.StreamResponse:
@@ -194,33 +185,33 @@ class RouterService:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        text, first_s = TextStream(), None
+        reply, first_s = Reply(req, rid), None
         try:
             async for event in self._dispatcher.tokens(req, query, decision, out):
                 mark = time.perf_counter()
-                delta = text.feed(event.token_id)
-                chunk = _sse(chunk_body(req, rid, delta, None, first=first_s is None))
                 first_s = first_s if first_s is not None else mark - t0
+                chunks = [_sse(c) for c in feed(reply, event)]
                 out.router_s += time.perf_counter() - mark
-                await resp.write(chunk)
+                for chunk in chunks:
+                    await resp.write(chunk)
         except ApiError as exc:
-            self._count(out, "error", t0, first_s)
+            self._count(out, "error", t0, first_s, reply)
             await resp.write(_sse({**exc.body(), "prfaas": out.to_json()}))
             await resp.write(b"data: [DONE]\n\n")
             return resp
-        last = chunk_body(req, rid, text.flush(), out.finish_reason, first=first_s is None)
-        self._count(out, "ok", t0, first_s)
-        last["usage"] = self._usage(req, out)
-        last["prfaas"] = {**out.to_json(), "ttft_s": first_s, "e2e_s": time.perf_counter() - t0}
-        await resp.write(_sse(last))
+        closing = reply.finish()
+        self._count(out, "ok", t0, first_s, reply)
+        if req.include_usage:
+            closing.append({**reply.chunk(None), "usage": reply.usage(out.cached_tokens)})
+        closing[-1]["prfaas"] = {**out.to_json(), "ttft_s": first_s,
+                                 "e2e_s": time.perf_counter() - t0}
+        for body in closing:
+            await resp.write(_sse(body))
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    def _usage(self, req: GenRequest, out: Outcome) -> dict[str, int]:
-        n_in, n_out = len(req.token_ids), len(out.token_ids)
-        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
-
-    def _count(self, out: Outcome, outcome: str, t0: float, first_s: float | None) -> None:
+    def _count(self, out: Outcome, outcome: str, t0: float, first_s: float | None,
+               reply: Reply) -> None:
         m = self.metrics
         e2e_s = time.perf_counter() - t0
         m.requests.inc(route=out.route or "none", outcome=outcome)
@@ -235,11 +226,13 @@ class RouterService:
             return
         link = "inter_dc" if out.route == "prfaas" else "intra"
         m.kv_bytes.inc(out.kv_bytes, link=link)
+        m.kv_transfers.inc(out.transfers, link=link)
         m.cached_tokens.inc(out.cached_tokens)
         if first_s is not None:
             m.ttft.observe(first_s)
-            if len(out.token_ids) > 1:
-                m.tpot.observe((e2e_s - first_s) / (len(out.token_ids) - 1))
+            steps = max((c.num_tokens for c in reply.choices), default=0)  # per sequence
+            if steps > 1:
+                m.tpot.observe((e2e_s - first_s) / (steps - 1))
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

@@ -17,7 +17,7 @@ from typing import Any
 
 from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_structured
-from prfaas.planner.search import inputs_from_scenario
+from prfaas.planner.search import PlanResult, inputs_from_scenario, plan_all
 from prfaas.policy.base import make_router
 from prfaas.policy.rebalancer import RebalancerConfig
 from prfaas.scenario import Scenario
@@ -77,18 +77,21 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
                cache_capacity: int | None = None, snapshot_policy: str = "every_block",
                link: LinkSchedule | None = None, ttft_slo_s: float | None = None,
                controller: dict[str, Any] | None = None, router_args: dict[str, Any] | None
-               = None, rebalance: RebalancerConfig | None = None, **overrides: Any
+               = None, rebalance: RebalancerConfig | None = None,
+               planned: PlanResult | None = None, **overrides: Any
                ) -> tuple[Simulator, dict[str, Any]]:
     if link is not None:
         overrides["link"] = link
-    cfg = build_system(s, system, threshold_tokens=threshold_tokens, **overrides)
+    planned = planned or plan_all(s, mode="exact")
+    cfg = build_system(s, system, threshold_tokens=threshold_tokens, planned=planned,
+                       **overrides)
     name = policy or cfg.router
     inputs = replace(inputs_from_scenario(s), n_prfaas=max(cfg.n_prfaas, 1))
     kwargs: dict[str, Any] = {"plan_inputs": inputs, **(router_args or {})}
     if controller is not None:
         kwargs["controller"] = controller
     t0 = cfg.threshold_tokens if cfg.threshold_tokens is not None else \
-        inputs_threshold(s, system)
+        inputs_threshold(s, system, planned)
     router = make_router(name, threshold_tokens=t0, ttft_slo_s=ttft_slo_s, **kwargs)
     cfg = replace(cfg, router=name)
     plugin = CachePlugin(None, workload)
@@ -114,12 +117,10 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
     return sim, summary
 
 
-def inputs_threshold(s: Scenario, system: str) -> int:
+def inputs_threshold(s: Scenario, system: str, planned: PlanResult | None = None) -> int:
     """A t for systems whose plan has none (a threshold policy run on them): the PrfaaS-PD
-    optimum of the scenario."""
-    from prfaas.planner.search import plan_all
-
-    t = plan_all(s, mode="exact").systems["prfaas_pd"].threshold_tokens
+    optimum of the scenario (exact mode)."""
+    t = (planned or plan_all(s, mode="exact")).systems["prfaas_pd"].threshold_tokens
     return int(t or 0)
 
 
@@ -128,8 +129,8 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                    link_schedule: str | None, snapshot_policy: str,
                    ttft_slo_s: float | None, threshold: int | None, n_p: int | None,
                    n_d: int | None, link_gbps: float | None, no_pipeline: bool,
-                   prefill_order: str, rebalance: RebalancerConfig | None = None
-                   ) -> tuple[Simulator, dict[str, Any]]:
+                   prefill_order: str, rebalance: RebalancerConfig | None = None,
+                   planned: PlanResult | None = None) -> tuple[Simulator, dict[str, Any]]:
     """`prfaas simulate` with the policy/cache/link-schedule flags; adds `sim_wall_s`."""
     import time
 
@@ -145,6 +146,6 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                               cache_scope=cache_scope,
                               cache_capacity=parse_capacity(cache_capacity),
                               snapshot_policy=snapshot_policy, link=link, ttft_slo_s=ttft_slo_s,
-                              rebalance=rebalance, **overrides)
+                              rebalance=rebalance, planned=planned, **overrides)
     summary["sim_wall_s"] = round(time.perf_counter() - started, 4)
     return sim, summary

@@ -15,12 +15,15 @@ Link: `scenario.link_gbps`, or the scenario's `link.schedule` ([[start_s, gbps],
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.models.profile import DecodeTime, KVSize, PrefillTime
 from prfaas.scenario import Scenario
 from prfaas.sim.link import LinkSchedule
+
+if TYPE_CHECKING:
+    from prfaas.planner.search import PlanResult
 
 SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
 DEFAULT_KV_LAYERS = 64  # used for the last layer's share when the scenario names no model
@@ -86,14 +89,18 @@ def _flow_cap(link: dict[str, Any]) -> float | None:
 
 def build_system(s: Scenario, system: str, *, threshold_tokens: int | None = None,
                  n_p: int | None = None, n_d: int | None = None,
-                 plan_mode: str = "exact", **overrides: Any) -> SystemConfig:
-    """A system with the planner's optimum, then `threshold_tokens`, `n_p`, `n_d` and any
-    SystemConfig field in `overrides` (e.g. link, pipelined, prefill_order) replacing it."""
+                 plan_mode: str = "exact", planned: PlanResult | None = None,
+                 **overrides: Any) -> SystemConfig:
+    """A system with the planner's optimum (`planned`, or solved here in `plan_mode`), then
+    `threshold_tokens`, `n_p`, `n_d` and any SystemConfig field in `overrides` (e.g. link,
+    pipelined, prefill_order) replacing it."""
     if system not in SYSTEMS:
         raise UnknownNameError("system", system, list(SYSTEMS))
-    from prfaas.planner.search import plan_all
+    if planned is None:
+        from prfaas.planner.search import plan_all
 
-    plan = plan_all(s, mode=plan_mode).systems[system]
+        planned = plan_all(s, mode=plan_mode)
+    plan = planned.systems[system]
     link_raw = s.raw.get("link", {}) if isinstance(s.raw.get("link"), dict) else {}
     decode_hw = {"prfaas_pd": s.pd, "homogeneous_pd": s.homogeneous,
                  "naive_heterogeneous": s.naive_decode}[system].hardware

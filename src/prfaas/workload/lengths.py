@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.stats import norm
 
 from prfaas.core.errors import ConfigError
+from prfaas.workload.normal import ndtr
 
 FloatArray = NDArray[np.float64]
 
@@ -103,7 +103,7 @@ def truncated_lognormal(mu: float, sigma: float, min_tokens: int, max_tokens: in
     lengths = np.arange(min_tokens, max_tokens + 1, dtype=float)
     edges = np.concatenate([[min_tokens], lengths[:-1] + 0.5, [max_tokens]])
     edges = np.clip(edges, min_tokens, max_tokens)
-    cdf = norm.cdf((np.log(np.maximum(edges, 1e-9)) - mu) / sigma)
+    cdf = ndtr((np.log(np.maximum(edges, 1e-9)) - mu) / sigma)
     pmf = np.diff(cdf)
     return LengthDistribution(min_tokens, pmf,
                               f"lognormal(mu={mu}, sigma={sigma}) on [{min_tokens}, {max_tokens}]")

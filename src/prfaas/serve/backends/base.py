@@ -71,6 +71,7 @@ class AttemptReport:
     transfer_tail_s: float = 0.0
     prefill_done: bool = False  # the prefill worker answered (the figures above are real)
     cache_deltas: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+    prompt_logprobs: list[Any] | None = None  # asked by sampling["prompt_logprobs"] (echo)
 
 
 class WorkerBackend(ABC):

@@ -86,6 +86,8 @@ class NativeBackend(WorkerBackend):
         body = {"request_id": a.request_id, "token_ids": a.token_ids,
                 "ship_from_tokens": ship_from, "kv_deadline_s": a.kv_deadline_s,
                 "dest": {"host": dec.host, "port": dec.kv_port}, "nonce": nonce}
+        if a.sampling.get("prompt_logprobs") is not None:  # echo: the prefill computes them
+            body["prompt_logprobs"] = a.sampling["prompt_logprobs"]
         timeout = aiohttp.ClientTimeout(total=a.prefill_s, sock_connect=a.connect_s)
         try:
             async with self.session.post(f"{pre.url}/prefill", json=body, timeout=timeout,
@@ -120,6 +122,8 @@ def _prefill_done(pre: WorkerSpec, reply: dict[str, Any], report: AttemptReport)
     report.transfer_tail_s = float(reply.get("transfer_tail_s", 0.0))
     if isinstance(reply.get("cache"), dict):
         report.cache_deltas.append((pre.name, reply["cache"]))
+    if isinstance(reply.get("prompt_logprobs"), list):
+        report.prompt_logprobs = reply["prompt_logprobs"]
 
 
 async def _event(resp: aiohttp.ClientResponse, prefill: asyncio.Task[Any] | None,

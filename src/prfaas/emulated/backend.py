@@ -1,0 +1,84 @@
+"""What a topology's `model: {backend: emulated, scenario, system, scales}` builds.
+
+Each worker process loads the scenario, scales it (scales.py) and takes the hardware its role
+has in the named system: prfaas_pd: `prfaas` = the PrfaaS pool's, `pd-p` and `pd-d` = the PD
+pool's; homogeneous_pd: the homogeneous pool's; naive_heterogeneous: `prfaas` = the naive
+prefill pool's, `pd-d` = the naive decode pool's. A role whose hardware lacks the profile it
+needs (prefill for prefill roles, decode for pd-d) is a ConfigError naming the hardware.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from prfaas.core.errors import ConfigError, UnknownNameError
+from prfaas.emulated.engine import EmulatedEngine
+from prfaas.emulated.scales import ScaledScenario, Scales, scale_scenario
+from prfaas.engine.config import EngineConfig
+from prfaas.models.profile import HardwareProfile
+from prfaas.scenario import load_scenario
+
+SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
+ROLES_OF = {"prfaas_pd": ("prfaas", "pd-p", "pd-d"), "homogeneous_pd": ("pd-p", "pd-d"),
+            "naive_heterogeneous": ("prfaas", "pd-d")}
+_KEYS = {"backend", "scenario", "system", "scales"}
+BLOCK_ALIGN = 64
+
+
+def is_emulated(model: dict[str, Any]) -> bool:
+    return model.get("backend") == "emulated"
+
+
+def check_system(system: str) -> str:
+    if system not in SYSTEMS:
+        raise UnknownNameError("system", system, list(SYSTEMS))
+    return system
+
+
+@lru_cache(maxsize=8)
+def _scaled(scenario: str, scales: Scales) -> ScaledScenario:
+    return scale_scenario(load_scenario(scenario), scales)
+
+
+def scaled_from_model(model: dict[str, Any]) -> tuple[ScaledScenario, str]:
+    unknown = sorted(set(model) - _KEYS)
+    if unknown:
+        raise ConfigError(f"model.{unknown[0]}", model[unknown[0]],
+                          f"unknown key for the emulated backend; allowed: {sorted(_KEYS)}")
+    if not isinstance(model.get("scenario"), str):
+        raise ConfigError("model.scenario", model.get("scenario"), "must name a scenario")
+    system = check_system(str(model.get("system", "prfaas_pd")))
+    return _scaled(model["scenario"], Scales.from_json(model.get("scales"))), system
+
+
+def hardware_for(scaled: ScaledScenario, system: str, role: str) -> HardwareProfile:
+    s = scaled.scenario
+    if role not in ROLES_OF[system]:
+        raise ConfigError("role", role, f"{system} has no {role} workers")
+    pools = {"prfaas_pd": {"prfaas": s.prfaas, "pd-p": s.pd, "pd-d": s.pd},
+             "homogeneous_pd": {"pd-p": s.homogeneous, "pd-d": s.homogeneous},
+             "naive_heterogeneous": {"prfaas": s.naive_prefill, "pd-d": s.naive_decode}}
+    hw = pools[system][role].hardware
+    if role == "pd-d":
+        hw.require_decode()
+    else:
+        hw.require_prefill()
+    return hw
+
+
+def emulated_config(scaled: ScaledScenario) -> EngineConfig:
+    """The EngineConfig the router and workers share: the layout's pattern, a context that
+    holds the longest input plus the output, one block = the whole context (emulated workers
+    keep no prefix cache: a synthetic workload has no shared prefixes)."""
+    s = scaled.scenario
+    need = s.lengths.hi + s.output_tokens + 1
+    context = -(-need // BLOCK_ALIGN) * BLOCK_ALIGN
+    return EngineConfig(layer_pattern=scaled.layout.pattern, block_size_tokens=context,
+                        max_context_tokens=context, name=f"emulated-{scaled.original.name}")
+
+
+def emulated_engine(model: dict[str, Any], role: str) -> EmulatedEngine:
+    scaled, system = scaled_from_model(model)
+    hw = hardware_for(scaled, system, role)
+    return EmulatedEngine(scaled.layout, emulated_config(scaled), hw.prefill, hw.decode)
