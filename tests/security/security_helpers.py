@@ -7,6 +7,8 @@ import json
 import ssl
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,13 @@ from prfaas.serve.kvship import layer_arrays, meta_arrays, reframe
 from prfaas.serve.topology import Topology, parse_topology
 
 KEY = "sk-test-0123456789abcdef"
+
+
+@dataclass(frozen=True)
+class Certs:
+    dir: Path  # ca.pem + NAME.pem/NAME.key of the topology members
+    foreign: Path  # ca.pem + a certificate named prfaas-0 from another CA
+
 Shipment = list[tuple[int, str, str, np.ndarray]]  # (layer, kind, name, array)
 
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import openai
 import pytest
-from conftest import Certs
-from security_helpers import KEY, request, topology
+from security_helpers import KEY, Certs, request, topology
 
 from prfaas.security.certs import Member, init_certs
 from prfaas.security.tls import Identity
