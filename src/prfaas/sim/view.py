@@ -9,8 +9,9 @@ every change of an instance's queue or batch), so routing costs O(k log n), not 
 (the default) shows every instance and keeps no index.
 
 Pools change when the rebalancer moves an instance: `remove` hides it from routing (it drains),
-`add` shows its new-role incarnation. `unlimited()` is a view of the same pools without the
-limit (the rebalancer looks at whole pools).
+`add` shows its new-role incarnation; a scheduled outage removes and re-adds instances the same
+way (sim/failover.py) and shows a down link as `LinkStatus.up = False`. `unlimited()` is a view
+of the same pools without the limit (the rebalancer looks at whole pools).
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ class SimView:
     def link(self) -> LinkStatus:
         link = self._sim.link
         egress = link.flow_rate_bps() * link.active / BYTES_PER_GBPS
+        if self._sim.link_down:
+            return LinkStatus(link.capacity_gbps(), egress, up=False)
         return LinkStatus(link.capacity_gbps(), egress)
 
     def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
@@ -115,4 +118,4 @@ class SimView:
     def kv_transfer_s(self, tokens: int) -> float:
         link = self._sim.link
         rate = min(link.flow_cap_bps, link.capacity_gbps() * BYTES_PER_GBPS)
-        return self._sim.cfg.kv.bytes_for(tokens) / rate
+        return self._sim.cfg.kv.bytes_for(tokens) / rate + self._sim.cfg.rtt_s
