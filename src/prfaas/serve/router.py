@@ -59,7 +59,8 @@ class RouterService:
             self.manager.add_instance(w.name, w.cluster)
         self.cluster = LiveCluster(topology, geometry(config.to_spec()))
         self.metrics = RouterMetrics()
-        self.membership = Membership(topology, self.cluster, None)
+        self.membership = Membership(topology, self.cluster, None,
+                                     on_restart=self.manager.forget_pool)
         self.active = 0  # requests accepted and not finished (admission.max_inflight)
         self._session: aiohttp.ClientSession | None = None
         self._dispatcher: Dispatcher | None = None
