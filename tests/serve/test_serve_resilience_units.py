@@ -75,8 +75,12 @@ def test_membership_down_up_restart_and_the_policy_view() -> None:
         assert not m.is_up("pdd-0") and ev.is_set() and m.degraded
         names = {i.instance_id for i in svc.cluster.view().instances(role="decode")}
         assert names == {"pdd-1"}  # the policy never sees a down worker
+        svc.manager.on_insert("pdd-0", [11, 12], [12])
+        svc.manager.on_insert("pdd-1", [11], [11])
         m.observe("pdd-0", 101)
         assert not m.is_up("pdd-0")  # one success is not enough
+        match = svc.manager.match([11, 12])  # the restarted worker's cache is forgotten
+        assert match.cached_tokens("pdd-0") == 0 and match.cached_tokens("pdd-1") > 0
         m.observe("pdd-0", 101)
         assert m.is_up("pdd-0") and not m.degraded and m.states["pdd-0"].restarts == 1
         assert not m.down_event("pdd-0").is_set()  # a fresh event for the next outage
