@@ -80,10 +80,10 @@ class NativeBackend(WorkerBackend):
                 prefill.cancel()
 
     async def _prefill(self, a: Attempt, ship_from: int) -> dict[str, Any]:
-        pre, dec = a.prefill, a.decode
+        pre = a.prefill
         body = {"request_id": a.request_id, "token_ids": a.token_ids,
                 "ship_from_tokens": ship_from, "kv_deadline_s": a.kv_deadline_s,
-                "dest": {"host": dec.host, "port": dec.kv_port}}
+                "dest": {"host": a.kv_dest[0], "port": a.kv_dest[1]}}
         if a.sampling.get("prompt_logprobs") is not None:  # echo: the prefill computes them
             body["prompt_logprobs"] = a.sampling["prompt_logprobs"]
         timeout = aiohttp.ClientTimeout(total=a.prefill_s, sock_connect=a.connect_s)
