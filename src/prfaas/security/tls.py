@@ -25,8 +25,10 @@ _SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKey
 
 
 def _read(path: Path, what: str) -> bytes:
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(what, str(path), "no such file (run `prfaas certs init`)")
+    if not path.is_file():
+        raise ConfigError(what, str(path), "unreadable: not a regular file")
     try:
         return path.read_bytes()
     except OSError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prfaas.core.errors import PrfaasError
+from prfaas.security.apikey import ENV as API_KEY_ENV
+from prfaas.security.certs import ROUTER
+from prfaas.security.tls import Identity
 from prfaas.serve.netns import NetnsLink
 from prfaas.serve.supervisor import Supervisor
 from prfaas.serve.topology import Topology
@@ -41,8 +45,11 @@ class DeploymentError(PrfaasError):
 class Deployment:
     def __init__(self, topology: Topology, log_dir: str | Path | None = None,
                  start_timeout_s: float = 300.0, external: frozenset[str] = frozenset(),
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, api_key: str | None = None) -> None:
+        """`api_key`: the router requires it (passed in its environment, never on disk)."""
         self.requested = topology
+        self.api_key = api_key
+        self._probe_tls = _probe_context(topology)  # checks every certificate up front
         self.topology = topology.with_ports()
         self.netns: NetnsLink | None = None  # link.emulation: netns (created by start)
         self.external = external  # workers someone else runs (another host, a test double)
@@ -132,6 +139,8 @@ class Deployment:
         # a restart appends: the log keeps why the previous process ended
         log = open(self.log_dir / f"{name}.log", "ab" if append else "wb")  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if name == "router" and self.api_key is not None:
+            env[API_KEY_ENV] = self.api_key
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         self.procs[name] = proc
@@ -166,7 +175,7 @@ class Deployment:
                 if fail_on_exit and proc is not None and proc.poll() is not None:
                     raise DeploymentError(f"{name} exited with code {proc.returncode}:\n"
                                           f"{self.log_tail(name)}")
-                if _healthy(url):
+                if _healthy(url, self._probe_tls):
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 raise DeploymentError(f"not healthy after {self.start_timeout_s:.0f} s: "
@@ -213,9 +222,23 @@ class Deployment:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
-def _healthy(url: str) -> bool:
+def _probe_context(topology: Topology) -> ssl.SSLContext | None:
+    """With TLS: every member's certificate checked (a bad one fails here, naming the file),
+    and the router's identity for probing the PrfaaS workers' HTTPS /health. The probe skips
+    the hostname check (a netns deployment moves hosts); the chain is still verified."""
+    tls_dir = topology.security.tls_dir
+    if tls_dir is None:
+        return None
+    for w in topology.workers:
+        Identity.load(tls_dir, w.name)
+    ctx = Identity.load(tls_dir, ROUTER).client_context()
+    ctx.check_hostname = False
+    return ctx
+
+
+def _healthy(url: str, tls: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as resp:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0, context=tls) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -138,7 +138,8 @@ class Membership:
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
         try:
-            async with self.session.get(f"{worker.url}/health", timeout=timeout) as resp:
+            async with self.session.get(f"{worker.url}/health", timeout=timeout,
+                                        server_hostname=worker.tls_name) as resp:
                 body = await resp.json(content_type=None)
                 if resp.status != 200 or not isinstance(body, dict) or not body.get("ok"):
                     raise ValueError(f"/health answered HTTP {resp.status}")

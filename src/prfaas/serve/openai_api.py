@@ -154,7 +154,8 @@ def _parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: in
     if echo and stream:
         raise ParamError("echo", "'echo' is supported without 'stream' only")
     key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-    max_tokens = body.get(key, DEFAULT_MAX_TOKENS)
+    max_tokens = body.get(key)
+    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < (
             0 if echo else 1):
         raise ApiError(400, f"'{key}'={max_tokens!r} must be a positive integer (0 allowed "

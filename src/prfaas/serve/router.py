@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import time
 import uuid
 from typing import Any
@@ -23,6 +24,7 @@ from prfaas.cache import GlobalKVCacheManager
 from prfaas.engine import ByteTokenizer, EngineConfig
 from prfaas.models.kv import geometry
 from prfaas.policy.base import Router, make_router
+from prfaas.security.apikey import api_key_middleware
 from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.dispatch import Dispatcher, Outcome
 from prfaas.serve.membership import Membership
@@ -44,8 +46,12 @@ def build_policy(topology: Topology) -> Router:
 
 class RouterService:
     def __init__(self, topology: Topology, config: EngineConfig,
-                 policy: Router | None = None) -> None:
+                 policy: Router | None = None, *, tls: ssl.SSLContext | None = None,
+                 api_key: str | None = None) -> None:
+        """`tls`: the router's client context for the PrfaaS workers' HTTPS (mutual TLS);
+        `api_key`: clients must send it as a Bearer token (security/apikey.py)."""
         self.topology, self.config = topology, config
+        self.tls, self.api_key = tls, api_key
         self.tokenizer = ByteTokenizer()
         self.policy = policy or build_policy(topology)
         self.manager = GlobalKVCacheManager(config.block_size_tokens)
@@ -60,7 +66,12 @@ class RouterService:
         self._dispatcher: Dispatcher | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 2**20)
+        middlewares = []
+        if self.api_key is not None:
+            middlewares.append(api_key_middleware(
+                self.api_key, self.topology.security.metrics == "protected",
+                lambda: self.metrics.errors.inc(status="401")))
+        app = web.Application(client_max_size=64 * 2**20, middlewares=middlewares)
         app.add_routes([
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat),
@@ -73,7 +84,9 @@ class RouterService:
 
     async def _start(self, _: web.Application) -> None:
         # no pool limit: a long-running stream must not starve other requests of connections
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        # (and with TLS: the one client context every control call to a PrfaaS worker uses)
+        connector = aiohttp.TCPConnector(limit=0, ssl=self.tls if self.tls is not None else True)
+        self._session = aiohttp.ClientSession(connector=connector)
         self.membership.session = self._session
         self._dispatcher = Dispatcher(self.topology, self.cluster, self.manager, self.policy,
                                       self._session, self.config.block_size_tokens,

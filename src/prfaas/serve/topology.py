@@ -20,6 +20,7 @@ import yaml
 
 from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_text
+from prfaas.security.spec import SecuritySpec, parse_security
 from prfaas.serve.resilience import (
     AdmissionSpec,
     DeadlineSpec,
@@ -87,6 +88,7 @@ class WorkerSpec:
     port: int = 0
     kv_port: int = 0  # pd-d only: where its KVReceiver listens
     max_batch: int = 16  # pd-d only: continuous-batching slots
+    tls: bool = False  # its control API is HTTPS (prfaas workers when the topology has TLS)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -101,7 +103,12 @@ class WorkerSpec:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def tls_name(self) -> str | None:
+        """The name its certificate carries, for server_hostname (None: plain HTTP)."""
+        return self.name if self.tls else None
 
     @property
     def cluster(self) -> str:
@@ -139,6 +146,7 @@ class Topology:
     restart: RestartSpec = field(default_factory=RestartSpec)
     kv_deadline: DeadlineSpec = field(default_factory=DeadlineSpec)
     admission: AdmissionSpec = field(default_factory=AdmissionSpec)
+    security: SecuritySpec = field(default_factory=SecuritySpec)  # security/spec.py
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.workers]
@@ -182,6 +190,11 @@ class Topology:
         return replace(self, workers=tuple(replace(w, host=moved.get(w.role, w.host))
                                            for w in self.workers))
 
+    def with_security(self, security: SecuritySpec) -> Topology:
+        """A copy with `security` in force (its PrfaaS workers' control API HTTPS with TLS)."""
+        return replace(self, security=security, workers=tuple(
+            replace(w, tls=security.tls and w.role == "prfaas") for w in self.workers))
+
     def with_ports(self) -> Topology:
         """A copy with every port 0 replaced by a currently free port."""
         workers = tuple(replace(w, port=w.port or free_port(w.host),
@@ -204,6 +217,7 @@ class Topology:
             "max_retries": self.max_retries, "profile": self.profile,
             "health": to_dict(self.health), "restart": to_dict(self.restart),
             "kv_deadline": to_dict(self.kv_deadline), "admission": to_dict(self.admission),
+            "security": self.security.to_dict(),
             "workers": [{"name": w.name, "role": w.role, "host": w.host, "port": w.port,
                          "kv_port": w.kv_port, "max_batch": w.max_batch} for w in self.workers],
         }
@@ -268,7 +282,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
     """`base`: the folder relative profile paths are read from (the topology file's)."""
     m = _mapping(raw, where)
     _keys(m, {"name", "model", "policy", "router", "link", "intra_link", "timeouts", "cache",
-              "max_retries", "workers", "profile", *RESILIENCE_KEYS}, where)
+              "max_retries", "workers", "profile", "security", *RESILIENCE_KEYS}, where)
     policy = dict(_mapping(m.get("policy"), "policy")) or {"name": "prfaas-threshold",
                                                           "threshold_tokens": 1024}
     profile = _profile(m.get("profile"), policy.pop("profile", None), base)
@@ -281,9 +295,14 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
     workers = m.get("workers")
     if not isinstance(workers, list) or not workers:
         raise ConfigError("workers", workers, "must be a non-empty list")
+    specs = tuple(_worker(w, i) for i, w in enumerate(workers))
+    security = parse_security(m.get("security"), base,
+                              [w.host for w in specs if w.role == "prfaas"],
+                              [w.host for w in specs if w.role != "prfaas"])
+    specs = tuple(replace(w, tls=security.tls and w.role == "prfaas") for w in specs)
     return Topology(
         name=str(m.get("name", "topology")),
-        workers=tuple(_worker(w, i) for i, w in enumerate(workers)),
+        workers=specs, security=security,
         model=dict(_mapping(m.get("model"), "model")),
         policy=str(policy.pop("name", "prfaas-threshold")), policy_args=policy,
         router_host=str(router.get("host", "127.0.0.1")), router_port=int(router.get("port", 8000)),
