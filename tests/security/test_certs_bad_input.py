@@ -76,7 +76,8 @@ def _serve(tree: Path, subprocess_run: bool = False) -> subprocess.CompletedProc
 
 def test_missing_certificate(tree: Path) -> None:
     (tree / "certs" / "pdd-0.pem").unlink()
-    _one_line(_serve(tree), str(tree / "certs" / "pdd-0.pem"), "no such file")
+    line = _one_line(_serve(tree), str(tree / "certs" / "pdd-0.pem"), "no such file")
+    assert "not a PEM" not in line and line.count("pdd-0.pem") == 1, line
 
 
 def test_unreadable_certificate(tree: Path) -> None:
@@ -92,6 +93,12 @@ def test_unreadable_certificate(tree: Path) -> None:
 def test_certificate_that_is_not_pem(tree: Path) -> None:
     (tree / "certs" / "ca.pem").write_text("not a certificate\n")
     _one_line(_serve(tree), str(tree / "certs" / "ca.pem"), "not a PEM certificate")
+
+
+def test_missing_key(tree: Path) -> None:
+    (tree / "certs" / "pdp-0.key").unlink()
+    line = _one_line(_serve(tree), str(tree / "certs" / "pdp-0.key"), "no such file")
+    assert "not an unencrypted PEM key" not in line, line
 
 
 def test_key_not_matching_its_certificate(tree: Path) -> None:

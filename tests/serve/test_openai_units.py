@@ -191,3 +191,20 @@ def test_decode_worker_reads_old_and_new_sampling_dicts() -> None:
         4, 2, 1.0, ((7, -5.0),)) and (n, stops) == (2, ("x",))
     with pytest.raises(ProtocolError, match="top_k"):
         sampling_from({"top_k": 0})
+
+
+def test_events_without_what_the_request_needs_are_502() -> None:
+    from prfaas.serve.backends import TokenEvent
+    from prfaas.serve.respond import feed
+
+    req = _parse({**BASE["completions"], "logprobs": 2, "n": 2})
+    reply = Reply(req, "cmpl-x")
+    ok = feed(reply, TokenEvent(65, {"lp": -1.0, "top": [[65, -1.0], [66, -2.0]], "seq": 1}))
+    assert ok[0]["choices"][0]["logprobs"]["token_logprobs"] == [-1.0]
+    for extra in ({"top": [[65, -1.0]], "seq": 0}, {"lp": -1.0, "seq": 0},
+                  {"lp": -1.0, "top": [[65, -1.0]]}):
+        with pytest.raises(ApiError) as info:
+            feed(reply, TokenEvent(65, extra))
+        assert info.value.status == 502
+    plain = Reply(_parse(BASE["completions"]), "cmpl-y")
+    assert feed(plain, TokenEvent(65))[0]["choices"][0]["text"] == "A"

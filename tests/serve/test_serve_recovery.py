@@ -31,7 +31,8 @@ KILLS = ((8.0, "prfaas-0"), (18.0, "pdd-0"))
 def stream_complete(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     """A streamed completion read chunk by chunk: the text and the last chunk's `prfaas`."""
     body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0, "stream": True}).encode()
+                       "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
     req = urllib.request.Request(f"{url}/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     text, last = [], {}
@@ -43,7 +44,8 @@ def stream_complete(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
                 continue
             chunk = json.loads(line[6:])
             assert "error" not in chunk, chunk
-            text.append(chunk["choices"][0]["text"])
+            if chunk["choices"]:  # the usage chunk (include_usage) has none
+                text.append(chunk["choices"][0]["text"])
             last = chunk
     return {"text": "".join(text), "prfaas": last["prfaas"], "usage": last["usage"]}
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +120,7 @@ class Dispatcher:
         return query, decision
 
     async def tokens(self, req: GenRequest, query: RouteQuery, decision: RouteDecision,
-                     out: Outcome) -> AsyncIterator[TokenEvent]:
+                     out: Outcome) -> AsyncGenerator[TokenEvent, None]:
         """The request's tokens, across attempts: a failed one is retried on the local path
         (no token sent yet) or resumed from the tokens already sent (see failover.py)."""
         failures = 0
