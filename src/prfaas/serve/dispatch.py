@@ -191,8 +191,8 @@ class Dispatcher:
         if out.token_ids:  # the decoder counts them as output (penalties, seed steps, stops)
             sampling["output_offset"] = len(out.token_ids)
         attempt = Attempt(next(self._ids), prompt, req.max_tokens - len(out.token_ids),
-                          sampling,
-                          pre, dec, first_token_s=t.prefill_s + t.kv_s, prefill_s=t.prefill_s,
+                          sampling, pre, dec, self.topology.kv_dest(pre, dec),
+                          first_token_s=t.prefill_s + t.kv_s, prefill_s=t.prefill_s,
                           kv_deadline_s=self._kv_deadline_s(pre, decision.uncached_tokens),
                           token_s=t.token_s, connect_s=t.connect_s)
         report = AttemptReport()
