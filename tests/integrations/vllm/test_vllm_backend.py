@@ -65,8 +65,8 @@ def _attempt(p_port: int, d_port: int) -> Attempt:
     dec = WorkerSpec("pdd-0", "pd-d", port=d_port, kv_port=4321, engine="vllm")
     return Attempt(1, [1, 2, 3], 3, {"temperature": 0.0, "top_p": 1.0, "seed": 0,
                                      "ignore_eos": False, "not_a_vllm_key": 1},
-                   pre, dec, first_token_s=10, prefill_s=10, kv_deadline_s=10, token_s=10,
-                   connect_s=2)
+                   pre, dec, (dec.host, dec.kv_port), first_token_s=10, prefill_s=10,
+                   kv_deadline_s=10, token_s=10, connect_s=2)
 
 
 def _run(fake: FakeVllm) -> tuple[list[int], AttemptReport, Exception | None]:

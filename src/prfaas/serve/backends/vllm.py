@@ -128,8 +128,8 @@ class VllmBackend(WorkerBackend):
         return {"inserted": chain_hashes(token_ids, self.block_size_tokens)}
 
     async def _prefill(self, a: Attempt, tid: int, report: AttemptReport) -> None:
-        pre, dec = a.prefill, a.decode
-        body = self._body(a, 1, SendParams(tid, dec.host, dec.kv_port).to_body())
+        pre = a.prefill
+        body = self._body(a, 1, SendParams(tid, *a.kv_dest).to_body())
         timeout = aiohttp.ClientTimeout(total=a.prefill_s, sock_connect=a.connect_s)
         t0 = time.monotonic()
         try:
