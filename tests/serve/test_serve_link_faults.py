@@ -42,7 +42,8 @@ needs_netns = pytest.mark.skipif(not _can_create(),
 
 @pytest.fixture(scope="module")
 def faulty_link() -> Iterator[Deployment]:
-    topo = topology(link={"rate_gbps": RATE_GBPS, "connections": 2, "emulation": "netns"},
+    topo = topology(link={"rate_gbps": RATE_GBPS, "connections": 2, "emulation": "netns",
+                          "delay_stage": True},
                     health={"interval_s": 0.3, "timeout_s": 1.0, "failures_before_down": 2},
                     max_retries=3, kv_deadline={"floor_s": 1.5, "multiplier": 4.0})
     with Deployment(topo) as dep:
@@ -85,7 +86,7 @@ def _under_load(dep: Deployment, fault: Fault, seconds: float, rate_per_s: float
     arrivals = [i / rate_per_s for i in range(int(seconds * rate_per_s))]
     t0 = time.monotonic()
     assert dep.netns is not None
-    runner = FaultRunner(dep.netns, fault, t0).start()
+    runner = FaultRunner(dep.netns, fault, t0, dep.set_link_delay_ms).start()
     requests = _requests(len(arrivals), f"{fault.kind} {time.time()}")
     results = asyncio.run(run_load(dep.url, MODEL, requests, arrivals, 300.0))
     runner.join()
@@ -100,6 +101,7 @@ def _under_load(dep: Deployment, fault: Fault, seconds: float, rate_per_s: float
     Fault("partition", start_s=2.0, duration_s=3.0),
     Fault("rate-drop", start_s=2.0, duration_s=4.0, factor=10.0),
     Fault("flap", start_s=2.0, duration_s=4.0, period_s=1.0),
+    Fault("rtt", start_s=2.0, duration_s=4.0, delay_ms=30.0),
 ], ids=lambda f: f.kind)
 def test_link_fault_under_load_loses_nothing(faulty_link: Deployment, fault: Fault) -> None:
     flips = _members(faulty_link)["prfaas-0"]["transitions"]

@@ -13,15 +13,16 @@ from prfaas.core.errors import ConfigError
 from prfaas.models.tcp import TcpPath
 from prfaas.planner.search import inputs_from_scenario, plan_all
 from prfaas.scenario import Scenario, load_scenario
+from prfaas.sim.policy_run import run_policy
 from prfaas.sim.run import simulate
 from prfaas.sim.system import build_system
 from prfaas.workload.requests import Workload
 
-CASE = Path(__file__).parents[2] / "src/prfaas/data/scenarios/paper-case-study.yaml"
+SCENARIOS = Path(__file__).parents[2] / "src/prfaas/data/scenarios"
 
 
-def variant(tmp_path: Path, **link: object) -> Scenario:
-    raw = yaml.safe_load(CASE.read_text())
+def variant(tmp_path: Path, base: str = "paper-case-study", **link: object) -> Scenario:
+    raw = yaml.safe_load((SCENARIOS / f"{base}.yaml").read_text())
     raw["link"].update(link)
     raw.pop("reference", None)
     path = tmp_path / "variant.yaml"
@@ -58,6 +59,34 @@ def test_loss_caps_one_transfer_by_mathis_and_the_planner_link(tmp_path: Path) -
     assert log.remote[0]
     transfer_s = log.kv_ready_s[0] - log.prefill_end_s[0]  # not pipelined: after the prefill
     assert transfer_s == pytest.approx(log.kv_bytes[0] * 8 / (cap * 1e9) + 0.030, rel=1e-9)
+
+
+def conversations(n: int = 60) -> Workload:
+    """Conversations of 6 turns, 20 s apart, each turn reusing the earlier turns' blocks and
+    adding 2 or 16 blocks of 512 tokens (long turns go remote and need the local prefix)."""
+    arrival, inputs, hashes = [], [], []
+    for i in range(n):
+        conv, turn = divmod(i, 6)
+        blocks = tuple(conv * 1000 + b for b in range(sum((2, 16)[k % 2]
+                                                          for k in range(turn + 1))))
+        arrival.append(i * 20.0)
+        inputs.append(len(blocks) * 512)
+        hashes.append(blocks)
+    return Workload(np.asarray(arrival, float), np.asarray(inputs, np.int64),
+                    np.full(n, 64, np.int64), "conversations", tuple(hashes))
+
+
+def test_prefix_moves_wait_one_rtt_too(tmp_path: Path) -> None:
+    runs = [run_policy(variant(tmp_path, "mooncake-conversation", rtt_ms=rtt), "prfaas_pd",
+                       "cache-aware", conversations(), cache_scope="cluster",
+                       threshold_tokens=3_000)[1] for rtt in (0.0, 5.0, 50.0)]
+    for s in runs:
+        assert s["completed"] == s["requests"]
+    assert runs[1]["prefix_moves"] == runs[0]["prefix_moves"] > 0
+    # every request here crosses the link once (its KV, or the prefix it waits for): +5 ms
+    assert runs[1]["ttft_s"]["mean"] - runs[0]["ttft_s"]["mean"] == pytest.approx(0.005, 0.01)
+    # at 50 ms a move costs more than the prefill it saves (view.kv_transfer_s counts the RTT)
+    assert runs[2]["prefix_moves"] == 0
 
 
 def test_defaults_leave_link_and_plan_untouched() -> None:

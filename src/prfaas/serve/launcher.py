@@ -35,6 +35,7 @@ from prfaas.serve.supervisor import Supervisor
 from prfaas.serve.topology import Topology
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0")
+DELAY_STAGE = "delay-stage"  # the process of serve/delay.py (link.delay_stage)
 
 
 class DeploymentError(PrfaasError):
@@ -85,6 +86,8 @@ class Deployment:
                 self.topology = self.requested.in_namespace(
                     self.netns.host_ip, self.netns.ns_ip).with_ports()
             self.topology.dump(path)
+            if self.topology.link.delay_stage:
+                self._start_delay_stage(path)
             for w in self.topology.workers:
                 if w.host in local and w.name not in self.external:
                     self._spawn(w.name, path, inside=self.netns if w.role == "prfaas" else None)
@@ -99,9 +102,38 @@ class Deployment:
             self.stop()
             raise
 
+    def _command(self, name: str, path: Path) -> list[str]:
+        if name != DELAY_STAGE:
+            return [sys.executable, "-m", "prfaas.serve.proc", "--topology", str(path),
+                    "--name", name]
+        assert self.netns is not None
+        ports = ",".join(str(w.kv_port) for w in self.topology.by_role("pd-d"))
+        return [sys.executable, "-m", "prfaas.serve.delay", "--listen", self.netns.ns_ip,
+                "--ports", ports, "--target", self.netns.host_ip,
+                "--control", str(self.log_dir / "link-delay-ms"),
+                "--ready", str(self.log_dir / "delay-stage.ready")]
+
+    def set_link_delay_ms(self, delay_ms: float) -> None:
+        """The delay stage's added RTT from now on (link.delay_stage; a fault)."""
+        tmp = self.log_dir / "link-delay-ms.tmp"
+        tmp.write_text(f"{delay_ms}\n")
+        tmp.replace(self.log_dir / "link-delay-ms")
+
+    def _start_delay_stage(self, path: Path) -> None:
+        ready = self.log_dir / "delay-stage.ready"
+        ready.unlink(missing_ok=True)
+        self.set_link_delay_ms(0.0)
+        proc = self._spawn(DELAY_STAGE, path, inside=self.netns)
+        deadline = time.monotonic() + self.start_timeout_s
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise DeploymentError(f"{DELAY_STAGE} did not start:\n"
+                                      f"{self.log_tail(DELAY_STAGE)}")
+            time.sleep(0.05)
+
     def _spawn(self, name: str, path: Path, inside: NetnsLink | None = None,
                append: bool = False) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "prfaas.serve.proc", "--topology", str(path), "--name", name]
+        cmd = self._command(name, path)
         if inside is not None:
             cmd = inside.wrap(cmd)
         # a restart appends: the log keeps why the previous process ended
@@ -116,8 +148,8 @@ class Deployment:
 
     def _respawn(self, name: str, append: bool) -> subprocess.Popen[bytes]:
         """The supervisor's restart of `name`, in the namespace it ran in."""
-        role = None if name == "router" else self.topology.worker(name).role
-        inside = self.netns if role == "prfaas" else None
+        role = None if name in ("router", DELAY_STAGE) else self.topology.worker(name).role
+        inside = self.netns if role == "prfaas" or name == DELAY_STAGE else None
         return self._spawn(name, self._path, inside, append)
 
     def _log(self, message: str) -> None:

@@ -10,6 +10,7 @@ OpenAI-style error object; a policy rejection -> 429; a failed request -> 502, n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import ssl
@@ -165,12 +166,14 @@ class RouterService:
                      t0: float) -> web.Response:
         assert self._dispatcher is not None
         reply, first_s = Reply(req, rid), None
-        try:
-            async for event in self._dispatcher.tokens(req, query, decision, out):
-                mark = time.perf_counter()
-                first_s = first_s if first_s is not None else mark - t0
-                feed(reply, event)
-                out.router_s += time.perf_counter() - mark
+        try:  # aclosing: an error in `feed` still runs the attempt's cleanup now
+            async with contextlib.aclosing(self._dispatcher.tokens(req, query, decision,
+                                                                   out)) as events:
+                async for event in events:
+                    mark = time.perf_counter()
+                    first_s = first_s if first_s is not None else mark - t0
+                    feed(reply, event)
+                    out.router_s += time.perf_counter() - mark
             reply.finish()
             body = reply.whole(reply.usage(out.cached_tokens), prompt_logprobs(req, out))
         except ApiError as exc:
@@ -187,14 +190,16 @@ class RouterService:
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         reply, first_s = Reply(req, rid), None
-        try:
-            async for event in self._dispatcher.tokens(req, query, decision, out):
-                mark = time.perf_counter()
-                first_s = first_s if first_s is not None else mark - t0
-                chunks = [_sse(c) for c in feed(reply, event)]
-                out.router_s += time.perf_counter() - mark
-                for chunk in chunks:
-                    await resp.write(chunk)
+        try:  # aclosing: a bad event or a client gone still runs the attempt's cleanup now
+            async with contextlib.aclosing(self._dispatcher.tokens(req, query, decision,
+                                                                   out)) as events:
+                async for event in events:
+                    mark = time.perf_counter()
+                    first_s = first_s if first_s is not None else mark - t0
+                    chunks = [_sse(c) for c in feed(reply, event)]
+                    out.router_s += time.perf_counter() - mark
+                    for chunk in chunks:
+                        await resp.write(chunk)
         except ApiError as exc:
             self._count(out, "error", t0, first_s, reply)
             await resp.write(_sse({**exc.body(), "prfaas": out.to_json()}))

@@ -59,6 +59,7 @@ class LinkSpec:
     # token-bucket: each sender shapes itself in user space (any host, no privileges);
     # netns: the kernel shapes a veth into the PrfaaS workers' namespace (root; serve/netns.py)
     emulation: str = "token-bucket"
+    delay_stage: bool = False  # netns: KV relayed through serve/delay.py (added RTT faults)
 
     def __post_init__(self) -> None:
         if self.rate_gbps is not None and not self.rate_gbps > 0:
@@ -70,6 +71,8 @@ class LinkSpec:
                               f"unknown; known: {', '.join(EMULATIONS)}")
         if self.emulation == "netns" and self.rate_gbps is None:
             raise ConfigError("link.rate_gbps", None, "emulation netns needs a rate to shape to")
+        if self.delay_stage and self.emulation != "netns":
+            raise ConfigError("link.delay_stage", True, "needs emulation netns")
 
     @property
     def sender_rate_gbps(self) -> float | None:
@@ -173,6 +176,13 @@ class Topology:
     def link_of(self, worker: WorkerSpec) -> LinkSpec:
         return self.link if worker.role == "prfaas" else self.intra_link
 
+    def kv_dest(self, prefill: WorkerSpec, decode: WorkerSpec) -> tuple[str, int]:
+        """Where `prefill` ships KV for `decode`: its KV port, or with `link.delay_stage` the
+        delay stage's copy of that port inside the PrfaaS namespace (serve/delay.py)."""
+        if self.link.delay_stage and prefill.role == "prfaas":
+            return prefill.host, decode.kv_port
+        return decode.host, decode.kv_port
+
     def in_namespace(self, host_ip: str, ns_ip: str) -> Topology:
         """A copy for `link.emulation: netns`: PrfaaS workers at the namespace's address,
         decode workers at the host end of the veth (reachable from both sides)."""
@@ -199,7 +209,7 @@ class Topology:
             "policy": {"name": self.policy, **self.policy_args},
             "router": {"host": self.router_host, "port": self.router_port},
             "link": {"rate_gbps": self.link.rate_gbps, "connections": self.link.connections,
-                     "emulation": self.link.emulation},
+                     "emulation": self.link.emulation, "delay_stage": self.link.delay_stage},
             "intra_link": {"rate_gbps": self.intra_link.rate_gbps,
                            "connections": self.intra_link.connections},
             "timeouts": {k: getattr(self.timeouts, k) for k in Timeouts.__dataclass_fields__},
@@ -230,13 +240,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _link(raw: object, where: str, default: LinkSpec) -> LinkSpec:
     m = _mapping(raw, where)
-    _keys(m, {"rate_gbps", "connections", "emulation"}, where)
+    _keys(m, {"rate_gbps", "connections", "emulation", "delay_stage"}, where)
     rate = m.get("rate_gbps", default.rate_gbps)
     emulation = str(m.get("emulation", default.emulation))
     if where == "intra_link" and emulation != "token-bucket":
         raise ConfigError("intra_link.emulation", emulation, "only the inter-DC link can be netns")
     return LinkSpec(None if rate is None else float(rate),
-                    int(m.get("connections", default.connections)), emulation)
+                    int(m.get("connections", default.connections)), emulation,
+                    bool(m.get("delay_stage", False)))
 
 
 def _worker(raw: object, index: int) -> WorkerSpec:

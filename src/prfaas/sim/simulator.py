@@ -338,7 +338,9 @@ class Simulator:
         else:
             decoder.inflight -= 1
         if decoder.has_slot() and not decoder.waiting:
-            decoder.join(self.now_s, req, self.tokens_to_emit(req))
+            steps = self.resume_steps  # (tokens_to_emit, inlined: the hot path)
+            decoder.join(self.now_s, req, steps.get(req, log.output_tokens[req]) if steps
+                         else log.output_tokens[req])
             self._schedule_decoder(decoder)
         else:
             decoder.waiting.append(req)

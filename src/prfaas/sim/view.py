@@ -36,6 +36,8 @@ class SimView:
         self._prefill: dict[str, list[PrefillInstance]] = shared._prefill if shared else {}
         self._decode: dict[str, list[DecodeInstance]] = shared._decode if shared else {}
         self._index: dict[tuple[str, Role], LoadIndex] = shared._index if shared else {}
+        self._link_key: tuple[int, bool] | None = None
+        self._link_status = LinkStatus(0.0)
         if shared is not None:
             return
         for p in sim.prefills:
@@ -107,10 +109,13 @@ class SimView:
 
     def link(self) -> LinkStatus:
         link = self._sim.link
+        key = (link.version, self._sim.link_down)
+        if key == self._link_key:  # nothing joined, left or changed capacity since
+            return self._link_status
         egress = link.flow_rate_bps() * link.active / BYTES_PER_GBPS
-        if self._sim.link_down:
-            return LinkStatus(link.capacity_gbps(), egress, up=False)
-        return LinkStatus(link.capacity_gbps(), egress)
+        self._link_status = LinkStatus(link.capacity_gbps(), egress, up=not self._sim.link_down)
+        self._link_key = key
+        return self._link_status
 
     def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
         return self._sim.prefill_by_id[instance_id].profile.seconds(total_tokens, cached_tokens)

@@ -81,11 +81,11 @@ class NativeBackend(WorkerBackend):
                 prefill.cancel()
 
     async def _prefill(self, a: Attempt, ship_from: int, nonce: object) -> dict[str, Any]:
-        pre, dec = a.prefill, a.decode
+        pre = a.prefill
         # `nonce`: the decoder's challenge for this attempt, bound into the KV manifest
         body = {"request_id": a.request_id, "token_ids": a.token_ids,
                 "ship_from_tokens": ship_from, "kv_deadline_s": a.kv_deadline_s,
-                "dest": {"host": dec.host, "port": dec.kv_port}, "nonce": nonce}
+                "dest": {"host": a.kv_dest[0], "port": a.kv_dest[1]}, "nonce": nonce}
         if a.sampling.get("prompt_logprobs") is not None:  # echo: the prefill computes them
             body["prompt_logprobs"] = a.sampling["prompt_logprobs"]
         timeout = aiohttp.ClientTimeout(total=a.prefill_s, sock_connect=a.connect_s)
