@@ -34,6 +34,8 @@ def run_live_command(scenario: Scenario, out_dir: Path, quick: bool, scales_text
 
         def tick(label: str) -> None:
             progress.update(task, advance=1, description=label)
+            if not console.is_terminal:  # a log file gets one line per step instead
+                console.print(f"[{time.perf_counter() - started:6.0f} s] {label}")
 
         result = reproduce_live(scenario, out_dir, options, scales, tick, keep_logs)
     result["wall_s"] = round(time.perf_counter() - started, 1)
