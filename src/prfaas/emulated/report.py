@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,17 @@ from prfaas.emulated.topology import emulated_system
 from prfaas.scenario import Scenario
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so every deployment's processes and namespace are removed."""
+    def handler(signum: int, _: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run_live_command(scenario: Scenario, out_dir: Path, quick: bool, scales_text: str | None,
                      keep_logs: bool) -> None:
+    _stop_on_sigterm()
     started = time.perf_counter()
     scales = parse_scales(scales_text)
     for name in SYSTEMS:
@@ -94,6 +104,7 @@ def live_table(result: dict[str, Any]) -> Table:
 def run_fluctuation_command(out_dir: Path, scales_text: str | None) -> None:
     from prfaas.emulated.fluctuation import fluctuation_live
 
+    _stop_on_sigterm()
     started = time.perf_counter()
     scales = parse_scales(scales_text)
     out_dir.mkdir(parents=True, exist_ok=True)
