@@ -16,7 +16,8 @@ field and value. It is never mutated; planner, simulator and CLI read it. The sc
     baselines: {homogeneous_pd: {hardware, instances},
                 naive_heterogeneous: {prefill: {hardware, instances},
                                       decode: {hardware, instances}}}
-    link: {gbps, intra_gbps}
+    link: {gbps, intra_gbps, schedule, pipelined, connections, per_connection_gbps,
+           rtt_ms, loss, mss_bytes}   (the TCP path terms: models/tcp.py)
     workload: {input: LENGTHS, output_tokens}
     planner: {t_step_tokens, mode}
     reference: paper figures to print beside ours (optional, free-form)
@@ -39,6 +40,7 @@ from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTi
 from prfaas.models.profile_file import kv_from_profile, load_profile_file
 from prfaas.models.roofline import roofline_profile
 from prfaas.models.spec import ModelSpec
+from prfaas.models.tcp import DEFAULT_MSS_BYTES, TcpPath
 from prfaas.workload.lengths import LengthDistribution, from_config
 
 MIB = 1024**2
@@ -75,6 +77,7 @@ class Scenario:
     t_step_tokens: int
     mode: str
     model: ModelSpec | None = None
+    tcp: TcpPath = field(default_factory=TcpPath)  # RTT/loss/connections of the link
     reference: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     path: str = ""
@@ -242,7 +245,7 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
                           "the PD cluster needs at least 2 instances (one prefill, one decode)")
     link = _mapping(raw.get("link"), "link")
     _check_keys(link, {"gbps", "intra_gbps", "schedule", "connections", "per_connection_gbps",
-                       "pipelined"}, "link")
+                       "pipelined", "rtt_ms", "loss", "mss_bytes"}, "link")
     workload = _mapping(raw.get("workload"), "workload")
     _check_keys(workload, {"input", "output_tokens", "trace", "arrivals"}, "workload")
     planner = _mapping(raw.get("planner", {}), "planner")
@@ -259,8 +262,21 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
         lengths=from_config(_mapping(workload.get("input"), "workload.input")),
         output_tokens=_count(workload, "output_tokens", "workload"),
         t_step_tokens=int(planner.get("t_step_tokens", 100)), mode=mode, model=model,
+        tcp=_tcp(link),
         reference=dict(raw.get("reference") or {}), raw=raw, path=path,
     )
+
+
+def _tcp(link: dict[str, Any]) -> TcpPath:
+    per = link.get("per_connection_gbps")
+    return TcpPath(
+        rtt_ms=_number(link, "rtt_ms", "link", positive=False) if "rtt_ms" in link else 0.0,
+        loss=_number(link, "loss", "link", positive=False) if "loss" in link else 0.0,
+        connections=_count(link, "connections", "link") if "connections" in link else 1,
+        mss_bytes=_count(link, "mss_bytes", "link") if "mss_bytes" in link
+        else DEFAULT_MSS_BYTES,
+        per_connection_gbps=None if per is None else _number(link, "per_connection_gbps",
+                                                             "link"))
 
 
 def builtin_scenarios() -> list[str]:

@@ -138,3 +138,29 @@ def test_prompt_logprobs_are_log_softmax_of_the_previous_position() -> None:
     for i, s in enumerate(got):
         assert s.token == ids[i + 1] and s.logprob == float(ref[i, ids[i + 1]])
         assert [t for t, _ in s.top] == torch.argsort(ref[i], descending=True)[:2].tolist()
+
+
+def test_start_with_output_offset_continues_the_sampling_state() -> None:
+    eng = engine("kimi")
+    ids = prompt(40)
+    params = SamplingParams(temperature=1.0, seed=4, frequency_penalty=1.5, ignore_eos=True)
+    r = eng.prefill(ids)
+    seq = eng.start(r.kv, r.logits, params, ids)
+    for _ in range(3):
+        eng.decode_step([seq])
+    assert seq.history is not None and seq.step == 4
+    # a resumed attempt: prompt + the 3 outputs so far, then output step 3 from these logits
+    resumed = eng.start(r.kv, r.logits, params, [*ids, 5, 6, 7], output_offset=3)
+    assert resumed.step == 4 and resumed.history is not None
+    assert resumed.history.num_output == 4
+    assert torch.equal(resumed.history.prompt_mask, TokenHistory(ids, 258).prompt_mask)
+    assert resumed.last_token == choose(r.logits, params, 3, _history(ids, [5, 6, 7]), ())
+    with pytest.raises(ConfigError, match="output_offset"):
+        eng.start(r.kv, r.logits, params, ids, output_offset=40)
+
+
+def _history(prompt_ids: list[int], outputs: list[int]) -> TokenHistory:
+    h = TokenHistory(prompt_ids, 258)
+    for t in outputs:
+        h.add(t)
+    return h

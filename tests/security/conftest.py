@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
+from security_helpers import Certs
 
 from prfaas.security.certs import Authority, Member, init_certs
-
-
-@dataclass(frozen=True)
-class Certs:
-    dir: Path  # ca.pem + NAME.pem/NAME.key of the topology members
-    foreign: Path  # ca.pem + intruder.pem/key from another CA
-
 
 MEMBERS = ("router", "prfaas-0", "pdp-0", "pdd-0", "stranger")
 

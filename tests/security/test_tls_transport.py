@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import Certs
+from security_helpers import Certs
 
 from prfaas.security.tls import Identity
 from prfaas.transport import KVReceiver, KVSender, SenderConfig

@@ -34,14 +34,14 @@ def post(url: str, body: object, raw: bytes | None = None) -> tuple[int, dict[st
     data = raw if raw is not None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
+        with urllib.request.urlopen(req, timeout=300) as resp:
             return resp.status, json.load(resp)
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
 
 
 def get_text(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=30) as resp:
+    with urllib.request.urlopen(url, timeout=60) as resp:
         text: str = resp.read().decode()
         return text
 

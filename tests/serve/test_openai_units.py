@@ -155,3 +155,56 @@ def test_echo_entries_and_best_of_ranking() -> None:
     assert len(body["choices"]) == 1 and body["choices"][0]["logprobs"]["token_logprobs"] == [
         -0.5, -0.5]
     assert body["usage"]["completion_tokens"] == 6  # every sequence's tokens count
+
+
+def test_stream_chunks_of_two_choices_and_chat_role() -> None:
+    req = _parse({**BASE["chat"], "n": 2, "stream": True, "logprobs": True, "top_logprobs": 1},
+                 chat=True)
+    reply = Reply(req, "chatcmpl-x")
+    first = reply.token(1, ord("a"), -0.5, ((98, -0.1),))
+    assert first[0]["choices"][0]["index"] == 1
+    assert first[0]["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
+    entry = first[0]["choices"][0]["logprobs"]["content"][0]
+    assert entry["token"] == "a" and entry["bytes"] == [97]
+    assert entry["top_logprobs"] == [{"token": "b", "logprob": -0.1, "bytes": [98]}]
+    assert reply.token(1, ord("b"), -0.2)[0]["choices"][0]["delta"] == {"content": "b"}
+    closing = reply.finish()
+    assert [c["choices"][0]["index"] for c in closing] == [0, 1]
+    assert closing[0]["choices"][0]["delta"] == {"role": "assistant"}  # choice 0 got nothing
+    assert [c["choices"][0]["finish_reason"] for c in closing] == ["stop", "stop"]
+    with pytest.raises(ValueError):
+        reply.token(2, 65, 0.0)
+
+
+def test_decode_worker_reads_old_and_new_sampling_dicts() -> None:
+    from prfaas.serve.decode_worker import sampling_from
+    from prfaas.serve.protocol import ProtocolError
+
+    params, n, stops, offset = sampling_from({"temperature": 0.5, "top_p": 0.9, "seed": 3,
+                                              "ignore_eos": True})
+    assert (params.temperature, params.top_p, params.seed, params.ignore_eos) == (
+        0.5, 0.9, 3, True) and (n, stops, offset) == (1, (), 0)
+    req = _parse({**BASE["completions"], "top_k": 4, "stop": ["x"], "n": 2, "logprobs": 2,
+                  "presence_penalty": 1.0, "logit_bias": {"7": -5}})
+    params, n, stops, _ = sampling_from(req.sampling())
+    assert (params.top_k, params.logprobs, params.presence_penalty, params.logit_bias) == (
+        4, 2, 1.0, ((7, -5.0),)) and (n, stops) == (2, ("x",))
+    with pytest.raises(ProtocolError, match="top_k"):
+        sampling_from({"top_k": 0})
+
+
+def test_events_without_what_the_request_needs_are_502() -> None:
+    from prfaas.serve.backends import TokenEvent
+    from prfaas.serve.respond import feed
+
+    req = _parse({**BASE["completions"], "logprobs": 2, "n": 2})
+    reply = Reply(req, "cmpl-x")
+    ok = feed(reply, TokenEvent(65, {"lp": -1.0, "top": [[65, -1.0], [66, -2.0]], "seq": 1}))
+    assert ok[0]["choices"][0]["logprobs"]["token_logprobs"] == [-1.0]
+    for extra in ({"top": [[65, -1.0]], "seq": 0}, {"lp": -1.0, "seq": 0},
+                  {"lp": -1.0, "top": [[65, -1.0]]}):
+        with pytest.raises(ApiError) as info:
+            feed(reply, TokenEvent(65, extra))
+        assert info.value.status == 502
+    plain = Reply(_parse(BASE["completions"]), "cmpl-y")
+    assert feed(plain, TokenEvent(65))[0]["choices"][0]["text"] == "A"

@@ -24,7 +24,7 @@ from prfaas.serve.plan import live_plan_inputs
 from prfaas.serve.topology import Topology, load_topology
 from prfaas.workload.lengths import empirical
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(600)
 
 INITIAL_T = 1024
 CONTROLLER = {"period_s": 0.5, "window_requests": 6, "min_window": 6, "agree_solves": 1,

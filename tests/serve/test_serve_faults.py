@@ -25,7 +25,7 @@ from prfaas.serve.launcher import Deployment
 from prfaas.serve.topology import free_port
 from prfaas.transport.wire import DType, Kind, data_header
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 HANG_TIMEOUT_S = 4
 
 
@@ -116,7 +116,7 @@ def test_failed_transfer_is_retried_locally(faulty: tuple[Deployment, FaultyPref
     assert p["retried"] and p["route"] == "pd" and p["prefill_node"] == "pdp-0", p
     assert p["retry_reason"]
     assert p["token_ids"] == engine.generate(engine.tokenizer.encode(prompt), 5)
-    assert elapsed_s < HANG_TIMEOUT_S + 20  # bounded by the timeouts, never hung
+    assert elapsed_s < HANG_TIMEOUT_S + 60  # bounded by the timeouts, never hung (+ load)
     assert all(dep.alive().values())
     # the decode worker saw the broken stream (a hung prefill sends nothing to fail on)
     assert _failed_transfers(dep) == failed_before + (0 if mode == "hang" else 1)
@@ -146,7 +146,7 @@ def test_no_retry_left_is_a_clear_502() -> None:
         t0 = time.monotonic()
         status, reply = post(f"{dep.url}/v1/completions",
                              {"model": MODEL, "prompt": LONG, "max_tokens": 3})
-        assert status == 502 and time.monotonic() - t0 < 20
+        assert status == 502 and time.monotonic() - t0 < 60
         assert reply["error"]["code"] == "transfer_failed"
         assert "prfaas-0" in reply["error"]["message"]
         assert all(dep.alive().values())

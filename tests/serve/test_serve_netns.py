@@ -32,11 +32,11 @@ needs_netns = pytest.mark.skipif(not _can_create(),
 
 @needs_netns
 def test_kv_crosses_a_kernel_shaped_link_and_outputs_stay_exact(tmp_path) -> None:
-    before = set(namespaces())
     topo = topology(link={"rate_gbps": RATE_GBPS, "connections": 4, "emulation": "netns"})
     prompt = "Kernel-shaped link, long prompt. " * 30  # ~1K tokens: above t, routed to PrfaaS
     with Deployment(topo, log_dir=tmp_path) as dep:
         assert dep.netns is not None and dep.netns.name in namespaces()
+        name = dep.netns.name
         assert dep.topology.worker("prfaas-0").host == dep.netns.ns_ip
         start = time.perf_counter()
         reply = complete(dep.url, prompt, max_tokens=4)
@@ -50,7 +50,7 @@ def test_kv_crosses_a_kernel_shaped_link_and_outputs_stay_exact(tmp_path) -> Non
         assert elapsed_s >= 0.9 * min_transfer_s
     engine = Engine(EngineConfig.tiny(threads=1))
     assert info["token_ids"] == engine.generate(engine.tokenizer.encode(prompt), 4)
-    assert set(namespaces()) == before  # stop() removed the namespace and the veth
+    assert name not in namespaces()  # stop() removed it (others' tests may hold their own)
 
 
 def test_netns_needs_a_rate() -> None:

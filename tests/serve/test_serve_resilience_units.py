@@ -75,8 +75,12 @@ def test_membership_down_up_restart_and_the_policy_view() -> None:
         assert not m.is_up("pdd-0") and ev.is_set() and m.degraded
         names = {i.instance_id for i in svc.cluster.view().instances(role="decode")}
         assert names == {"pdd-1"}  # the policy never sees a down worker
+        svc.manager.on_insert("pdd-0", [11, 12], [12])
+        svc.manager.on_insert("pdd-1", [11], [11])
         m.observe("pdd-0", 101)
         assert not m.is_up("pdd-0")  # one success is not enough
+        match = svc.manager.match([11, 12])  # the restarted worker's cache is forgotten
+        assert match.cached_tokens("pdd-0") == 0 and match.cached_tokens("pdd-1") > 0
         m.observe("pdd-0", 101)
         assert m.is_up("pdd-0") and not m.degraded and m.states["pdd-0"].restarts == 1
         assert not m.down_event("pdd-0").is_set()  # a fresh event for the next outage
@@ -247,3 +251,43 @@ def test_kv_deadline_follows_the_predicted_transfer_time() -> None:
     assert longer_s > predicted_s
     assert d._kv_deadline_s(pre, 8000) == pytest.approx(3.0 * longer_s)
     assert d._kv_deadline_s(svc.topology.worker("pdp-0"), 1000) == 1.0  # unshaped: the floor
+
+
+def test_delay_stage_adds_the_rtt_it_is_told(tmp_path: Path) -> None:
+    from prfaas.serve.delay import DelayStage
+
+    async def run() -> tuple[float, float]:
+        async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            while data := await r.read(1024):
+                w.write(data)
+                await w.drain()
+            w.close()
+
+        target = await asyncio.start_server(echo, "127.0.0.1", 0)
+        port = target.sockets[0].getsockname()[1]
+        control = tmp_path / "delay-ms"
+        stage = DelayStage(control)
+        front = await asyncio.start_server(
+            lambda r, w: stage.relay(("127.0.0.1", port), r, w), "127.0.0.1", 0)
+        watcher = asyncio.create_task(stage.watch())
+        r, w = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
+
+        async def rtt() -> float:
+            t0 = time.monotonic()
+            w.write(b"ping")
+            await w.drain()
+            assert await r.readexactly(4) == b"ping"
+            return time.monotonic() - t0
+
+        plain = min([await rtt() for _ in range(3)])
+        control.write_text("200")
+        await asyncio.sleep(0.2)  # the stage polls its control file every 50 ms
+        delayed = min([await rtt() for _ in range(3)])
+        w.close()
+        watcher.cancel()
+        front.close()
+        target.close()
+        return plain, delayed
+
+    plain, delayed = asyncio.run(run())
+    assert delayed >= 0.2 and delayed > plain + 0.15

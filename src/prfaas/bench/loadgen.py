@@ -32,6 +32,7 @@ class Result:
     output_tokens: int = 0
     status: int = 0
     error: str = ""
+    retry_after: str | None = None  # the Retry-After header of a 429/503
     prfaas: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -62,6 +63,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, index: int,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             res.status = resp.status
             if resp.status != 200:
+                res.retry_after = resp.headers.get("Retry-After")
                 res.error = (await resp.text())[:300]
                 return res
             async for raw in resp.content:

@@ -118,6 +118,17 @@ class GlobalKVCacheManager:
                 else:
                     index.pop(h, None)
 
+    def forget_pool(self, pool_id: str) -> None:
+        """The pool lost everything (its worker restarted): drop it from every entry."""
+        keep = ~self._bit(pool_id)
+        for index in (self._kv, self._snap):
+            for h in [h for h, mask in index.items() if mask & ~keep]:
+                mask = index[h] & keep
+                if mask:
+                    index[h] = mask
+                else:
+                    del index[h]
+
     # --- lookup -------------------------------------------------------------------------------
     def match(self, block_hashes: Sequence[int], exact: bool = False) -> PrefixMatch:
         """Cached-prefix lengths of a request, per instance and per cluster. The default search

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("prfaas.cli.profile", "Measure this engine's prefill/decode profile."),
     "serve": ("prfaas.cli.serve", "Start the router and workers of a topology."),
     "bench": ("prfaas.cli.bench", "Replay requests against a running router."),
+    "certs": ("prfaas.cli.certs", "Certificates for a topology's mutual-TLS links."),
 }
 
 

@@ -10,6 +10,7 @@ from types import FrameType
 import click
 
 from prfaas.core.errors import ConfigError
+from prfaas.security.apikey import check_key
 from prfaas.serve.launcher import Deployment
 from prfaas.serve.router import build_policy
 from prfaas.serve.topology import load_topology
@@ -31,6 +32,11 @@ def _raise_stop(signum: int, _: FrameType | None) -> None:
 @click.option("--policy", default=None, help="Routing policy name (policy/ registry).")
 @click.option("--threshold", "threshold_tokens", type=int, default=None,
               help="Length threshold t in tokens (overrides the topology).")
+@click.option("--api-key", default=None, envvar="PRFAAS_API_KEY", show_envvar=True,
+              help="Clients must send `Authorization: Bearer KEY` (/health stays open).")
+@click.option("--protect-metrics", is_flag=True,
+              help="/metrics needs the API key too (default: open, or the topology's "
+              "security.metrics).")
 @click.option("--log-dir", default=None,
               help="Where component logs go (default: a temp dir, removed on stop).")
 @click.option("--scenario", "scenario_name", default=None, metavar="NAME|PATH",
@@ -40,6 +46,7 @@ def _raise_stop(signum: int, _: FrameType | None) -> None:
 @click.option("--scales", "scales_text", default=None, metavar="time=A,bytes=B,tokens=D,output=G",
               help="With --scenario: the emulation's unit scales (docs/emulated.md).")
 def command(topology_path: str | None, port: int | None, policy: str | None,
+            api_key: str | None, protect_metrics: bool,
             threshold_tokens: int | None, log_dir: str | None, scenario_name: str | None,
             system: str, scales_text: str | None) -> None:
     """Start the router and every worker of the topology as processes on this host."""
@@ -59,7 +66,11 @@ def command(topology_path: str | None, port: int | None, policy: str | None,
     if not 0 <= topo.router_port < 65536:
         raise ConfigError("--port", topo.router_port, "must be in [0, 65535]")
     build_policy(topo)  # a bad --policy/--threshold fails here, before any process starts
-    deployment = Deployment(topo, log_dir, log=lambda m: click.echo(f"launcher: {m}", err=True))
+    if protect_metrics:
+        topo = replace(topo, security=replace(topo.security, metrics="protected"))
+    key = check_key(api_key, "--api-key") if api_key is not None else None
+    deployment = Deployment(topo, log_dir, log=lambda m: click.echo(f"launcher: {m}", err=True),
+                            api_key=key)
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         click.echo(f"starting {len(topo.workers)} workers + router of '{topo.name}' "

@@ -19,6 +19,7 @@ from prfaas.policy.rebalancer import RebalancerConfig
 from prfaas.scenario import load_scenario
 from prfaas.sim.link import LinkSchedule
 from prfaas.sim.metrics import per_request_rows
+from prfaas.sim.outages import parse_outage
 from prfaas.sim.run import build_workload, simulate
 from prfaas.sim.system import build_system
 
@@ -86,6 +87,10 @@ def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int
               help="YAML/JSON list of [start_s, gbps]: the link's capacity over time.")
 @click.option("--ttft-slo", type=float, default=None,
               help="Reject requests whose predicted TTFT exceeds this (seconds).")
+@click.option("--outage", "outage_specs", multiple=True, metavar="NAME@START+DURATION",
+              help="Take instances (prfaas, pd-p, pd-d, pd or an instance id) or the link "
+              "down for DURATION s from START s of simulated time (repeatable); JSON gets "
+              "TTFT and throughput before/during/after.")
 @click.option("--rebalance", is_flag=True,
               help="Move PD instances between prefill and decode roles (Eq. 8) when the "
               "imbalance persists; JSON gets role_changes and final_split.")
@@ -96,8 +101,9 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             policy: str | None = None, cache_scope: str | None = None,
             cache_capacity: str | None = None, snapshot_policy: str = "every_block",
             link_schedule: str | None = None, ttft_slo: float | None = None,
-            rebalance: bool = False) -> None:
+            outage_specs: tuple[str, ...] = (), rebalance: bool = False) -> None:
     """Simulate SYSTEM under a synthetic or trace workload; report TTFT, TPOT, egress."""
+    outages = [parse_outage(text) for text in outage_specs]
     scenario, cfg, planned = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
                                          no_pipeline, prefill_order)
     if rate is None and trace is None:
@@ -115,9 +121,9 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             cache_capacity=cache_capacity, link_schedule=link_schedule,
             snapshot_policy=snapshot_policy, ttft_slo_s=ttft_slo, threshold=threshold,
             n_p=n_p, n_d=n_d, link_gbps=link_gbps, no_pipeline=no_pipeline,
-            prefill_order=prefill_order, rebalance=roles, planned=planned)
+            prefill_order=prefill_order, rebalance=roles, planned=planned, outages=outages)
     else:
-        sim, summary = simulate(cfg, workload, rebalance=roles)
+        sim, summary = simulate(cfg, workload, rebalance=roles, outages=outages)
     summary["arrivals"] = arrivals if trace is None else "trace"
     summary["seed"] = seed
     if out_dir:
@@ -137,6 +143,10 @@ def write_outputs(folder: Path, summary: dict[str, Any], rows: list[dict[str, An
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["id"])
         writer.writeheader()
         writer.writerows(rows)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
 
 
 def _print(s: dict[str, Any]) -> None:
@@ -163,5 +173,12 @@ def _print(s: dict[str, Any]) -> None:
     table.add_row("utilization", ", ".join(f"{k} {v:.2f}" for k, v in s["utilization"].items()))
     table.add_row("in system mean / max", f"{s['queue']['in_system_mean']:.1f} / "
                   f"{s['queue']['in_system_max']}")
+    for o in s.get("outages", []):
+        w = o["windows"]
+        table.add_row(f"outage {o['outage']}: TTFT mean", " / ".join(
+            f"{k} {_num(w[k]['ttft_s']['mean'], '.2f')} s" for k in ("before", "during", "after")))
+        table.add_row("  throughput", " / ".join(
+            f"{k} {_num(w[k]['throughput_rps'], '.3f')}" for k in ("before", "during", "after"))
+            + f" req/s; re-run {s['rerun_requests']}, lost {s['lost']} in the run")
     table.add_row("simulator", f"{s['events']:,} events in {s['sim_wall_s']:.2f} s wall")
     console.print(table)

@@ -36,6 +36,7 @@ class PlanInputs:
     link_gbps: float
     intra_gbps: float = 800.0
     t_step_tokens: int = 100
+    link_rtt_s: float = 0.0  # added to the TTFT of a PrfaaS-routed request
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,8 @@ def inputs_from_scenario(s: Scenario) -> PlanInputs:
         lengths=s.lengths, output_tokens=s.output_tokens, kv=s.kv,
         prfaas_prefill=s.prfaas.hardware.require_prefill(),
         pd_prefill=s.pd.hardware.require_prefill(), decode=s.pd.hardware.require_decode(),
-        n_prfaas=s.prfaas.instances, n_pd=s.pd.instances, link_gbps=s.link_gbps,
+        n_prfaas=s.prfaas.instances, n_pd=s.pd.instances,
+        link_gbps=s.tcp.effective_gbps(s.link_gbps), link_rtt_s=s.tcp.rtt_s,
         intra_gbps=s.intra_gbps, t_step_tokens=s.t_step_tokens,
     )
 

@@ -2,8 +2,9 @@
 
 This is what the paper's Table 6 TTFT figures match (REFERENCE.md section 4): no queueing.
 A request of length l routed to PrfaaS (l > t) takes T_prfaas(l) + S_kv(l) / B_link; one kept
-local takes T_pd(l) + S_kv(l) / B_intra. The link rate is the whole link (an idle link): a
-lower bound, labelled as such wherever it is printed. Queueing TTFT comes from the simulator.
+local takes T_pd(l) + S_kv(l) / B_intra (+ the link's RTT for PrfaaS, models/tcp.py). The link
+rate is the whole link (an idle link), or one transfer's TCP cap when lower: a lower bound,
+labelled as such wherever it is printed. Queueing TTFT comes from the simulator.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def ttft_stats(inputs: PlanInputs, threshold: int | None, local_only: bool = Fal
     support = lengths.support
     kv = inputs.kv.size_bytes(support)
     remote = inputs.prfaas_prefill.time_s(support) + kv / (inputs.link_gbps * GBPS)
+    if inputs.link_rtt_s > 0:
+        remote = remote + inputs.link_rtt_s
     local = inputs.pd_prefill.time_s(support) + kv / (inputs.intra_gbps * GBPS)
     if local_only:
         ttft = local

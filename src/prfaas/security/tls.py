@@ -25,8 +25,10 @@ _SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKey
 
 
 def _read(path: Path, what: str) -> bytes:
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(what, str(path), "no such file (run `prfaas certs init`)")
+    if not path.is_file():
+        raise ConfigError(what, str(path), "unreadable: not a regular file")
     try:
         return path.read_bytes()
     except OSError as exc:
@@ -34,8 +36,9 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def _certificate(path: Path, what: str, now: dt.datetime) -> x509.Certificate:
+    raw = _read(path, what)  # (a ConfigError is a ValueError: read outside the try)
     try:
-        cert = x509.load_pem_x509_certificate(_read(path, what))
+        cert = x509.load_pem_x509_certificate(raw)
     except ValueError as exc:
         raise ConfigError(what, str(path), f"not a PEM certificate: {exc}") from exc
     if cert.not_valid_after_utc < now:
@@ -48,8 +51,9 @@ def _certificate(path: Path, what: str, now: dt.datetime) -> x509.Certificate:
 
 
 def _check_key(key_path: Path, cert: x509.Certificate, cert_path: Path) -> None:
+    raw = _read(key_path, "tls.key")
     try:
-        key = serialization.load_pem_private_key(_read(key_path, "tls.key"), password=None)
+        key = serialization.load_pem_private_key(raw, password=None)
     except (ValueError, TypeError) as exc:
         raise ConfigError("tls.key", str(key_path), f"not an unencrypted PEM key: {exc}") from exc
     if key.public_key().public_bytes(*_SPKI) != cert.public_key().public_bytes(*_SPKI):

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import secrets
+import ssl
 import time
 from typing import Any
 
@@ -24,14 +27,20 @@ from aiohttp import web
 
 from prfaas.core.errors import ConfigError, PrfaasError, TransportError
 from prfaas.engine import Engine, SamplingParams, SequenceKV
+from prfaas.engine.config import LAYER_KINDS
 from prfaas.engine.sampling import Sampled
 from prfaas.serve.batcher import Active, Batcher
 from prfaas.serve.kvship import read_shipped
+from prfaas.serve.manifest import Binding, IntegrityError, model_identity, verify
 from prfaas.serve.prefix_store import CacheDelta, PrefixStore
 from prfaas.serve.protocol import ProtocolError, error_reply, get_int, get_tokens, line, read_body
 from prfaas.serve.stops import StopText
 from prfaas.serve.topology import Topology, WorkerSpec
+from prfaas.serve.worker_metrics import worker_metrics
 from prfaas.transport import KVReceiver, ReceiverConfig
+
+log = logging.getLogger("prfaas.security")
+
 
 _FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
            "repetition_penalty")
@@ -62,12 +71,19 @@ def sampling_from(raw: object) -> tuple[SamplingParams, int, tuple[str, ...], in
 
 
 class DecodeWorker:
-    def __init__(self, topology: Topology, spec: WorkerSpec, engine: Engine) -> None:
+    def __init__(self, topology: Topology, spec: WorkerSpec, engine: Engine, *,
+                 kv_tls: ssl.SSLContext | None = None) -> None:
+        """`kv_tls`: a server context requiring client certificates; KV is then accepted only
+        from this topology's prefill workers (their certificates' names)."""
         self.topology, self.spec, self.engine = topology, spec, engine
         self.block_size_tokens = engine.config.block_size_tokens
         self.store = PrefixStore(self.block_size_tokens, topology.cache_capacity_bytes)
+        senders = frozenset(w.name for w in topology.workers if w.is_prefill)
         self.receiver = KVReceiver(ReceiverConfig(host=spec.host, port=spec.kv_port,
-                                                  frame_timeout_s=topology.timeouts.kv_s))
+                                                  frame_timeout_s=topology.timeouts.kv_s),
+                                   tls=kv_tls, accept_peer=senders.__contains__)
+        self.model_id = model_identity(engine)
+        self.integrity_failures = 0
         self.batcher = Batcher(engine, spec.max_batch)
         self._waits: dict[int, asyncio.Task[Any]] = {}
         self.kv_waiting = 0
@@ -79,7 +95,8 @@ class DecodeWorker:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20)
         app.add_routes([web.get("/health", self.health), web.get("/status", self.status),
-                        web.post("/generate", self.generate), web.post("/cancel", self.cancel)])
+                        web.post("/generate", self.generate), web.post("/cancel", self.cancel),
+                        web.get("/metrics", self.metrics)])
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -96,6 +113,9 @@ class DecodeWorker:
         return web.json_response({"ok": True, "name": self.spec.name, "role": self.spec.role,
                                   "pid": os.getpid(), "kv_port": self.receiver.port})
 
+    async def metrics(self, _: web.Request) -> web.Response:
+        return worker_metrics({"kv": self.receiver.stats.tls_refused}, self.integrity_failures)
+
     async def status(self, _: web.Request) -> web.Response:
         b = self.batcher
         return web.json_response({
@@ -104,6 +124,8 @@ class DecodeWorker:
             "free_slots": b.free_slots, "served": self.served, "steps": b.steps,
             "mean_step_s": b.step_s_total / b.steps if b.steps else 0.0,
             "failed_transfers": self.failed_transfers,
+            "integrity_failures": self.integrity_failures,
+            "tls_refused": self.receiver.stats.tls_refused,
             "received_bytes": self.receiver.stats.received_bytes,
             "cache": {"entries": self.store.num_entries, "used_bytes": self.store.used_bytes,
                       "hits": self.store.hits, "misses": self.store.misses},
@@ -134,17 +156,21 @@ class DecodeWorker:
         prefix = self.store.lookup(token_ids, len(token_ids) - 1) if self._can_cache else None
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
-        await resp.write(line({"event": "ready",
+        nonce = secrets.token_hex(16)  # this attempt's challenge: the manifest must echo it
+        await resp.write(line({"event": "ready", "nonce": nonce,
                                "cached_tokens": prefix.num_tokens if prefix else 0}))
         try:
             actives, info = await self._admit(rid, token_ids, prefix, max_tokens, params, n,
-                                              stops, offset)
+                                              stops, nonce, offset)
         except (PrfaasError, asyncio.CancelledError) as exc:
             task = asyncio.current_task()
             if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
                 raise  # this handler itself is being cancelled (shutdown), not just the wait
             if isinstance(exc, TransportError):
                 self.failed_transfers += 1
+            if isinstance(exc, IntegrityError):
+                self.integrity_failures += 1
+                log.warning("refused the KV of request %d: %s", rid, exc)
             msg = "cancelled" if isinstance(exc, asyncio.CancelledError) else str(exc)
             with contextlib.suppress(ConnectionError):
                 await resp.write(line({"event": "error", "message": msg,
@@ -155,7 +181,7 @@ class DecodeWorker:
 
     async def _admit(self, rid: int, token_ids: list[int], prefix: SequenceKV | None,
                      max_tokens: int, params: SamplingParams, n: int, stops: tuple[str, ...],
-                     offset: int = 0) -> tuple[list[Active], dict[str, Any]]:
+                     nonce: str, offset: int = 0) -> tuple[list[Active], dict[str, Any]]:
         t0 = time.perf_counter()
         self.kv_waiting += 1
         wait = asyncio.create_task(self.receiver.wait_request(rid, self.topology.timeouts.kv_s))
@@ -166,6 +192,9 @@ class DecodeWorker:
             self.kv_waiting -= 1
             self._waits.pop(rid, None)
         t_kv = time.perf_counter()
+        binding = Binding(rid, nonce, self.model_id, self.engine.config.layer_pattern,
+                          prefix.num_tokens if prefix else 0, tuple(token_ids))
+        await asyncio.to_thread(verify, received, binding, LAYER_KINDS)  # before admitting
         shipped = read_shipped(received, self.engine.config.num_layers)
         try:
             kv = self.engine.import_kv(shipped.layers, prefix, token_ids)
@@ -185,6 +214,7 @@ class DecodeWorker:
                 self.batcher.admit(active)
             actives.append(active)
         info = {"kv_wait_s": t_kv - t0, "kv_bytes_received": shipped.num_bytes,
+                "kv_verify_s": time.perf_counter() - t_kv,
                 "cache": delta.to_json()}
         return actives, info
 

@@ -7,15 +7,20 @@ KV bytes shipped and TTFT, then the route counts and egress from /metrics, and s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from prfaas.security.certs import ROUTER, Member, init_certs
+from prfaas.security.spec import SecuritySpec
 from prfaas.serve.launcher import Deployment
-from prfaas.serve.topology import load_topology
+from prfaas.serve.topology import Topology, load_topology
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -35,12 +40,38 @@ def _prompts() -> list[tuple[str, str]]:
             ("long+suffix", story[:1800] + " And then a follow-up question about egress?")]
 
 
-def run(model_name: str | None = None) -> int:
+def run(model_name: str | None = None, tls: bool = False) -> int:
+    """`tls`: mutual TLS on the PrfaaS links (certificates in a temp dir, removed after), and
+    every answer checked token for token against the engine run in this process."""
     topo = load_topology()
     topo = replace(topo, router_port=0, workers=tuple(replace(w, port=0, kv_port=0)
                                                        for w in topo.workers))
+    with contextlib.ExitStack() as stack:
+        check = None
+        if tls:
+            certs = stack.enter_context(tempfile.TemporaryDirectory(prefix="prfaas-demo-tls-"))
+            init_certs([*(Member(w.name, w.host) for w in topo.workers), Member(ROUTER)], certs)
+            topo = topo.with_security(SecuritySpec(tls_dir=certs))
+            check = _exact_checker(topo)
+        return _run(topo, model_name, check)
+
+
+def _exact_checker(topo: Topology) -> Callable[[str, list[int]], bool]:
+    from prfaas.engine import Engine
+    from prfaas.serve.model import engine_config
+
+    engine = Engine(engine_config(topo.model))
+    return lambda prompt, ids: engine.generate(engine.tokenizer.encode(prompt), 8) == ids
+
+
+def _run(topo: Topology, model_name: str | None,
+         check: Callable[[str, list[int]], bool] | None) -> int:
     t0 = time.perf_counter()
+    exact: list[bool] = []
     with Deployment(topo) as dep:
+        if topo.security.tls:
+            print(f"mutual TLS 1.3 on: KV to the decode workers, HTTPS to "
+                  f"{[w.url for w in dep.topology.workers if w.tls]}")
         print(f"local topology up in {time.perf_counter() - t0:.1f} s; router {dep.url}; "
               f"threshold {topo.policy_args.get('threshold_tokens')} tokens, "
               f"link {topo.link.rate_gbps} Gbps x {topo.link.connections}")
@@ -51,9 +82,12 @@ def run(model_name: str | None = None) -> int:
             reply = _post(f"{dep.url}/v1/completions", {"model": model, "prompt": prompt,
                                                         "max_tokens": 8, "temperature": 0})
             p = reply["prfaas"]
+            if check is not None:
+                exact.append(check(prompt, p["token_ids"]))
             print(f"{label:<12} {reply['usage']['prompt_tokens']:>6} {p['route']:<7} "
                   f"{p['prefill_node']:<9} {p['decode_node']:<7} {p['cached_tokens']:>6} "
-                  f"{p['kv_bytes']:>9} {p['prefill_s']:>9.3f} {p['ttft_s']:>7.3f}")
+                  f"{p['kv_bytes']:>9} {p['prefill_s']:>9.3f} {p['ttft_s']:>7.3f}"
+                  + ("" if check is None else f"  exact={exact[-1]}"))
         with urllib.request.urlopen(f"{dep.url}/metrics", timeout=10) as resp:
             metrics = resp.read().decode()
         for row in metrics.splitlines():
@@ -61,7 +95,9 @@ def run(model_name: str | None = None) -> int:
                                "prfaas_threshold_tokens", "prfaas_ttft_seconds_sum")):
                 print("  " + row)
     print(f"stopped; demo took {time.perf_counter() - t0:.1f} s")
-    return 0
+    if check is not None:
+        print(f"tokens identical to the in-process engine: {sum(exact)}/{len(exact)}")
+    return 0 if all(exact) else 1
 
 
 def _post_models(url: str) -> str:
@@ -71,4 +107,4 @@ def _post_models(url: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(run(tls="--tls" in sys.argv[1:]))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +120,7 @@ class Dispatcher:
         return query, decision
 
     async def tokens(self, req: GenRequest, query: RouteQuery, decision: RouteDecision,
-                     out: Outcome) -> AsyncIterator[TokenEvent]:
+                     out: Outcome) -> AsyncGenerator[TokenEvent, None]:
         """The request's tokens, across attempts: a failed one is retried on the local path
         (no token sent yet) or resumed from the tokens already sent (see failover.py)."""
         failures = 0
@@ -191,8 +191,8 @@ class Dispatcher:
         if out.token_ids:  # the decoder counts them as output (penalties, seed steps, stops)
             sampling["output_offset"] = len(out.token_ids)
         attempt = Attempt(next(self._ids), prompt, req.max_tokens - len(out.token_ids),
-                          sampling,
-                          pre, dec, first_token_s=t.prefill_s + t.kv_s, prefill_s=t.prefill_s,
+                          sampling, pre, dec, self.topology.kv_dest(pre, dec),
+                          first_token_s=t.prefill_s + t.kv_s, prefill_s=t.prefill_s,
                           kv_deadline_s=self._kv_deadline_s(pre, decision.uncached_tokens),
                           token_s=t.token_s, connect_s=t.connect_s)
         report = AttemptReport()

@@ -62,6 +62,20 @@ def snapshot_arrays(kv: SequenceKV, boundary: int) -> list[tuple[int, str, np.nd
     return out
 
 
+def meta_arrays(kv: SequenceKV, logits: torch.Tensor, ship_from: int, num_tokens: int,
+                block_size_tokens: int) -> list[tuple[int, str, str, np.ndarray]]:
+    """(layer, kind, name, array) sent after the layers: the linear states at the prompt's
+    last full block boundary when the decode node can keep that prefix, then the logits for
+    the first token and `snap_at`."""
+    boundary = num_tokens // block_size_tokens * block_size_tokens
+    snap_at = boundary if ship_from < boundary < num_tokens else 0
+    out = [(layer, "linear", name, a) for layer, name, a in snapshot_arrays(kv, snap_at)
+           ] if snap_at else []
+    out.append((META_LAYER, "none", "logits", logits.detach().float().contiguous().numpy()))
+    out.append((META_LAYER, "none", "snap_at", np.array([snap_at], dtype=np.int64)))
+    return out
+
+
 def _is_linear(store: object) -> bool:
     return type(store).__name__ == "LinearStore"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -26,11 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prfaas.core.errors import PrfaasError
+from prfaas.security.apikey import ENV as API_KEY_ENV
+from prfaas.security.certs import ROUTER
+from prfaas.security.tls import Identity
 from prfaas.serve.netns import NetnsLink
 from prfaas.serve.supervisor import Supervisor
 from prfaas.serve.topology import Topology
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0")
+DELAY_STAGE = "delay-stage"  # the process of serve/delay.py (link.delay_stage)
 
 
 class DeploymentError(PrfaasError):
@@ -40,8 +45,11 @@ class DeploymentError(PrfaasError):
 class Deployment:
     def __init__(self, topology: Topology, log_dir: str | Path | None = None,
                  start_timeout_s: float = 300.0, external: frozenset[str] = frozenset(),
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, api_key: str | None = None) -> None:
+        """`api_key`: the router requires it (passed in its environment, never on disk)."""
         self.requested = topology
+        self.api_key = api_key
+        self._probe_tls = _probe_context(topology)  # checks every certificate up front
         self.topology = topology.with_ports()
         self.netns: NetnsLink | None = None  # link.emulation: netns (created by start)
         self.external = external  # workers someone else runs (another host, a test double)
@@ -78,6 +86,8 @@ class Deployment:
                 self.topology = self.requested.in_namespace(
                     self.netns.host_ip, self.netns.ns_ip).with_ports()
             self.topology.dump(path)
+            if self.topology.link.delay_stage:
+                self._start_delay_stage(path)
             for w in self.topology.workers:
                 if w.host in local and w.name not in self.external:
                     self._spawn(w.name, path, inside=self.netns if w.role == "prfaas" else None)
@@ -92,14 +102,45 @@ class Deployment:
             self.stop()
             raise
 
+    def _command(self, name: str, path: Path) -> list[str]:
+        if name != DELAY_STAGE:
+            return [sys.executable, "-m", "prfaas.serve.proc", "--topology", str(path),
+                    "--name", name]
+        assert self.netns is not None
+        ports = ",".join(str(w.kv_port) for w in self.topology.by_role("pd-d"))
+        return [sys.executable, "-m", "prfaas.serve.delay", "--listen", self.netns.ns_ip,
+                "--ports", ports, "--target", self.netns.host_ip,
+                "--control", str(self.log_dir / "link-delay-ms"),
+                "--ready", str(self.log_dir / "delay-stage.ready")]
+
+    def set_link_delay_ms(self, delay_ms: float) -> None:
+        """The delay stage's added RTT from now on (link.delay_stage; a fault)."""
+        tmp = self.log_dir / "link-delay-ms.tmp"
+        tmp.write_text(f"{delay_ms}\n")
+        tmp.replace(self.log_dir / "link-delay-ms")
+
+    def _start_delay_stage(self, path: Path) -> None:
+        ready = self.log_dir / "delay-stage.ready"
+        ready.unlink(missing_ok=True)
+        self.set_link_delay_ms(0.0)
+        proc = self._spawn(DELAY_STAGE, path, inside=self.netns)
+        deadline = time.monotonic() + self.start_timeout_s
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise DeploymentError(f"{DELAY_STAGE} did not start:\n"
+                                      f"{self.log_tail(DELAY_STAGE)}")
+            time.sleep(0.05)
+
     def _spawn(self, name: str, path: Path, inside: NetnsLink | None = None,
                append: bool = False) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "prfaas.serve.proc", "--topology", str(path), "--name", name]
+        cmd = self._command(name, path)
         if inside is not None:
             cmd = inside.wrap(cmd)
         # a restart appends: the log keeps why the previous process ended
         log = open(self.log_dir / f"{name}.log", "ab" if append else "wb")  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if name == "router" and self.api_key is not None:
+            env[API_KEY_ENV] = self.api_key
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         self.procs[name] = proc
@@ -107,8 +148,8 @@ class Deployment:
 
     def _respawn(self, name: str, append: bool) -> subprocess.Popen[bytes]:
         """The supervisor's restart of `name`, in the namespace it ran in."""
-        role = None if name == "router" else self.topology.worker(name).role
-        inside = self.netns if role == "prfaas" else None
+        role = None if name in ("router", DELAY_STAGE) else self.topology.worker(name).role
+        inside = self.netns if role == "prfaas" or name == DELAY_STAGE else None
         return self._spawn(name, self._path, inside, append)
 
     def _log(self, message: str) -> None:
@@ -134,7 +175,7 @@ class Deployment:
                 if fail_on_exit and proc is not None and proc.poll() is not None:
                     raise DeploymentError(f"{name} exited with code {proc.returncode}:\n"
                                           f"{self.log_tail(name)}")
-                if _healthy(url):
+                if _healthy(url, self._probe_tls):
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 raise DeploymentError(f"not healthy after {self.start_timeout_s:.0f} s: "
@@ -181,9 +222,23 @@ class Deployment:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
-def _healthy(url: str) -> bool:
+def _probe_context(topology: Topology) -> ssl.SSLContext | None:
+    """With TLS: every member's certificate checked (a bad one fails here, naming the file),
+    and the router's identity for probing the PrfaaS workers' HTTPS /health. The probe skips
+    the hostname check (a netns deployment moves hosts); the chain is still verified."""
+    tls_dir = topology.security.tls_dir
+    if tls_dir is None:
+        return None
+    for w in topology.workers:
+        Identity.load(tls_dir, w.name)
+    ctx = Identity.load(tls_dir, ROUTER).client_context()
+    ctx.check_hostname = False
+    return ctx
+
+
+def _healthy(url: str, tls: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as resp:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0, context=tls) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,8 +47,10 @@ class WorkerHealth:
 
 class Membership:
     def __init__(self, topology: Topology, cluster: LiveCluster,
-                 session: aiohttp.ClientSession | None) -> None:
+                 session: aiohttp.ClientSession | None,
+                 on_restart: Callable[[str], None] | None = None) -> None:
         self.topology, self.cluster, self.session = topology, cluster, session
+        self.on_restart = on_restart  # e.g. forget the restarted worker's cache
         self.spec: HealthSpec = topology.health
         self.states = {w.name: WorkerHealth() for w in topology.workers}
         self._task: asyncio.Task[None] | None = None
@@ -69,7 +72,8 @@ class Membership:
 
     def to_json(self) -> dict[str, Any]:
         return {n: {"up": s.up, "pid": s.pid, "restarts": s.restarts,
-                    "last_error": s.last_error} for n, s in self.states.items()}
+                    "transitions": s.transitions, "last_error": s.last_error}
+                for n, s in self.states.items()}
 
     # --- what changes it ---
     def suspect(self, name: str, reason: str) -> None:
@@ -93,6 +97,8 @@ class Membership:
         if pid is not None and state.pid is not None and pid != state.pid:
             state.restarts += 1
             log.warning("%s restarted: pid %s -> %s", name, state.pid, pid)
+            if self.on_restart is not None:
+                self.on_restart(name)
             if state.up:  # died and came back between two checks: its requests are gone
                 state.down_event.set()
                 state.down_event = asyncio.Event()
@@ -132,7 +138,8 @@ class Membership:
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
         try:
-            async with self.session.get(f"{worker.url}/health", timeout=timeout) as resp:
+            async with self.session.get(f"{worker.url}/health", timeout=timeout,
+                                        server_hostname=worker.tls_name) as resp:
                 body = await resp.json(content_type=None)
                 if resp.status != 200 or not isinstance(body, dict) or not body.get("ok"):
                     raise ValueError(f"/health answered HTTP {resp.status}")

@@ -8,6 +8,10 @@ PrfaaS worker together (unlike the per-sender token bucket), with real queueing,
 retransmissions (visible in TCP_INFO). Needs root and iproute2; `netns_available()` says
 whether this host can.
 
+Faults (serve/faults.py) act on a live link: `set_rate` changes the tbf rate, `set_up(False)`
+takes the namespace end of the veth down (a partition; these hosts have no iptables/nft, and
+no tc drop action module).
+
 Addresses: host side 10.231.<k>.1/30 (the decode workers bind there, so both the host and the
 namespace reach them), namespace side 10.231.<k>.2/30 (the PrfaaS workers). Router -> PrfaaS
 control traffic goes host -> namespace, unshaped; KV goes namespace -> host, shaped.
@@ -35,6 +39,13 @@ def _run(*cmd: str) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
     if done.returncode != 0:
         raise NetnsError(f"`{' '.join(cmd)}` failed: {done.stderr.strip() or done.returncode}")
+
+
+def _tbf(rate_gbps: float) -> list[str]:
+    rate_kbit = max(int(rate_gbps * 1e6), 8)
+    # burst: >= one 10 ms tick at the rate and >= a few MTUs; 100 ms of queue before drops
+    burst_bytes = max(rate_kbit * 1000 // 8 // 100, 16 * 1514)
+    return ["tbf", "rate", f"{rate_kbit}kbit", "burst", str(burst_bytes), "latency", "100ms"]
 
 
 def netns_available() -> bool:
@@ -83,11 +94,19 @@ class NetnsLink:
         _run(*inside, "ip", "addr", "add", f"{self.ns_ip}/30", "dev", ns_if)
         _run(*inside, "ip", "link", "set", ns_if, "up")
         _run(*inside, "ip", "link", "set", "lo", "up")
-        rate_kbit = max(int(self.rate_gbps * 1e6), 8)
-        # burst: >= one 10 ms tick at the rate and >= a few MTUs; 100 ms of queue before drops
-        burst_bytes = max(rate_kbit * 1000 // 8 // 100, 16 * 1514)
-        _run(*inside, "tc", "qdisc", "add", "dev", ns_if, "root", "tbf", "rate",
-             f"{rate_kbit}kbit", "burst", str(burst_bytes), "latency", "100ms")
+        _run(*inside, "tc", "qdisc", "add", "dev", ns_if, "root", *_tbf(self.rate_gbps))
+
+    def set_rate(self, rate_gbps: float) -> None:
+        """Reshape the KV direction to `rate_gbps` now (a fault: the link slows down)."""
+        _run("ip", "netns", "exec", self.name, "tc", "qdisc", "change", "dev",
+             f"pfn{self.index}", "root", *_tbf(rate_gbps))
+
+    def set_up(self, up: bool) -> None:
+        """Take the namespace end of the veth down (a partition) or up again. The host end
+        stays up without carrier, so the host keeps routing the namespace's address into the
+        veth, where it is dropped silently (nothing leaves the host)."""
+        _run("ip", "netns", "exec", self.name, "ip", "link", "set", f"pfn{self.index}",
+             "up" if up else "down")
 
     def wrap(self, cmd: list[str]) -> list[str]:
         """`cmd` run inside the namespace."""

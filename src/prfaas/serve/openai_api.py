@@ -1,6 +1,6 @@
-"""OpenAI-compatible request parsing and response shapes for the router.
+"""OpenAI-compatible request parsing for the router (the replies: respond.py).
 
-`parse_completion` / `parse_chat` validate a body into a `GenRequest` or raise `ApiError`
+`parse` validates a completions or chat body into a `GenRequest` or raises `ApiError`
 (HTTP 400 with an OpenAI-style error object: message, type, param, code). Chat messages are
 rendered with a fixed byte-level template (`<|role|>\\n content \\n ... <|assistant|>\\n`).
 Limits follow `Engine.generate`: prompt tokens <= context, prompt + max_tokens <= context + 1.
@@ -154,7 +154,8 @@ def _parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: in
     if echo and stream:
         raise ParamError("echo", "'echo' is supported without 'stream' only")
     key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-    max_tokens = body.get(key, DEFAULT_MAX_TOKENS)
+    max_tokens = body.get(key)
+    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < (
             0 if echo else 1):
         raise ApiError(400, f"'{key}'={max_tokens!r} must be a positive integer (0 allowed "

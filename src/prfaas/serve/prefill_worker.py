@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl
 import time
 from typing import Any
 
@@ -26,18 +27,26 @@ from aiohttp import web
 from prfaas.core.errors import ConfigError, TransportError
 from prfaas.engine import Engine, LayerKV, SequenceKV
 from prfaas.engine.sampling import MAX_LOGPROBS, prompt_logprobs
-from prfaas.serve.kvship import META_LAYER, layer_arrays, reframe, snapshot_arrays
+from prfaas.serve.kvship import layer_arrays, meta_arrays, reframe
+from prfaas.serve.manifest import Binding, ManifestBuilder, model_identity
 from prfaas.serve.prefix_store import PrefixStore
 from prfaas.serve.protocol import ProtocolError, error_reply, get_int, get_tokens, read_body
+from prfaas.serve.tls_server import Refusals
 from prfaas.serve.topology import Topology, WorkerSpec
+from prfaas.serve.worker_metrics import worker_metrics
 from prfaas.transport import KVSender, LinkMonitor, SenderConfig
 
 _EWMA = 0.3
 
 
 class PrefillWorker:
-    def __init__(self, topology: Topology, spec: WorkerSpec, engine: Engine) -> None:
+    def __init__(self, topology: Topology, spec: WorkerSpec, engine: Engine, *,
+                 kv_tls: ssl.SSLContext | None = None) -> None:
+        """`kv_tls`: this worker's client context for the decode workers' KV receivers."""
         self.topology, self.spec, self.engine = topology, spec, engine
+        self.kv_tls = kv_tls
+        self.model_id = model_identity(engine)
+        self.http_refusals = Refusals()  # peers refused at its HTTPS handshake (serve/proc.py)
         self.block_size_tokens = engine.config.block_size_tokens
         self.store = PrefixStore(self.block_size_tokens, topology.cache_capacity_bytes)
         self.link = topology.link_of(spec)
@@ -54,13 +63,17 @@ class PrefillWorker:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20)
         app.add_routes([web.get("/health", self.health), web.get("/status", self.status),
-                        web.post("/prefill", self.prefill)])
+                        web.post("/prefill", self.prefill),
+                        web.get("/metrics", self.metrics)])
         app.on_cleanup.append(self._close)
         return app
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True, "name": self.spec.name, "role": self.spec.role,
                                   "pid": os.getpid()})
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        return worker_metrics({"http": self.http_refusals.count})
 
     async def status(self, _: web.Request) -> web.Response:
         sample = self.monitor.sample()
@@ -96,8 +109,13 @@ class PrefillWorker:
         except ProtocolError as exc:
             return error_reply(400, "bad_request", str(exc))
         try:
+            nonce = body.get("nonce") or ""
+            if not isinstance(nonce, str):
+                raise ProtocolError("nonce", nonce, "must be the decoder's challenge string")
             reply = await self._run(rid, token_ids, ship_from, (dest["host"], port), deadline_s,
-                                    prompt_k)
+                                    nonce, prompt_k)
+        except ProtocolError as exc:
+            return error_reply(400, "bad_request", str(exc))
         except ConfigError as exc:
             return error_reply(400, "bad_request", str(exc))
         except TransportError as exc:
@@ -107,10 +125,13 @@ class PrefillWorker:
         return web.json_response(reply)
 
     async def _run(self, rid: int, token_ids: list[int], ship_from: int,
-                   dest: tuple[str, int], deadline_s: float, prompt_k: int | None = None
-                   ) -> dict[str, Any]:
+                   dest: tuple[str, int], deadline_s: float, nonce: str,
+                   prompt_k: int | None = None) -> dict[str, Any]:
         t_arrive = time.perf_counter()
         sender = await self._sender(dest)
+        builder = ManifestBuilder(Binding(rid, nonce, self.model_id,
+                                          self.engine.config.layer_pattern, ship_from,
+                                          tuple(token_ids)))
         self.queued += 1
         async with self._engine_lock:
             self.queued -= 1
@@ -121,13 +142,14 @@ class PrefillWorker:
                 prefix = (self.store.lookup(token_ids, len(token_ids) - 1)
                           if prompt_k is None else None)
                 result, pump = await self._compute(rid, token_ids, ship_from, prefix, sender,
-                                                   prompt_k is not None)
+                                                   builder, prompt_k is not None)
             finally:
                 self.running = 0
         t_computed = time.perf_counter()
         try:  # the tail of the layer stream, outside the engine lock, within the KV deadline
             kv_bytes = await asyncio.wait_for(
-                self._tail(pump, sender, rid, result, ship_from, len(token_ids)), deadline_s)
+                self._tail(pump, sender, builder, rid, result, ship_from, len(token_ids)),
+                deadline_s)
         except TimeoutError as exc:
             pump.cancel()
             raise TransportError(f"request {rid}: KV not delivered within its deadline "
@@ -146,16 +168,17 @@ class PrefillWorker:
                 "cache": delta.to_json(),
                 **_prompt_reply(token_ids, result.prompt_logits, prompt_k)}
 
-    async def _tail(self, pump: asyncio.Task[int], sender: KVSender, rid: int, result: Any,
-                    ship_from: int, num_tokens: int) -> int:
+    async def _tail(self, pump: asyncio.Task[int], sender: KVSender, builder: ManifestBuilder,
+                    rid: int, result: Any, ship_from: int, num_tokens: int) -> int:
         kv_bytes = await pump
-        kv_bytes += await self._send_meta(sender, rid, result.kv, result.logits, ship_from,
-                                          num_tokens)
-        await sender.finish(rid, self.topology.timeouts.kv_s)
+        kv_bytes += await self._send_meta(sender, builder, rid, result.kv, result.logits,
+                                          ship_from, num_tokens)
+        await sender.finish(rid, self.topology.timeouts.kv_s, manifest=await builder.encode())
         return kv_bytes
 
     async def _compute(self, rid: int, token_ids: list[int], ship_from: int,
-                       prefix: SequenceKV | None, sender: KVSender, all_logits: bool = False
+                       prefix: SequenceKV | None, sender: KVSender, builder: ManifestBuilder,
+                       all_logits: bool = False
                        ) -> tuple[Any, asyncio.Task[int]]:
         loop = asyncio.get_running_loop()
         layers: asyncio.Queue[LayerKV | None] = asyncio.Queue()
@@ -164,7 +187,7 @@ class PrefillWorker:
             shipped = reframe(layer, ship_from, prefix)
             loop.call_soon_threadsafe(layers.put_nowait, shipped)
 
-        pump = asyncio.create_task(self._pump(sender, rid, layers))
+        pump = asyncio.create_task(self._pump(sender, builder, rid, layers))
         try:
             result = await asyncio.to_thread(self.engine.prefill, token_ids, prefix, hook,
                                              all_logits)
@@ -176,30 +199,22 @@ class PrefillWorker:
         layers.put_nowait(None)  # after every hook callback: call_soon_threadsafe is FIFO
         return result, pump
 
-    async def _pump(self, sender: KVSender, rid: int,
+    async def _pump(self, sender: KVSender, builder: ManifestBuilder, rid: int,
                     layers: asyncio.Queue[LayerKV | None]) -> int:
         sent = 0
         while (layer := await layers.get()) is not None:
             for name, array in layer_arrays(layer):
-                await sender.send_array(rid, layer.layer_index, layer.kind, name, array)
+                await _ship(sender, builder, rid, layer.layer_index, layer.kind, name, array)
                 sent += array.nbytes
         return sent
 
-    async def _send_meta(self, sender: KVSender, rid: int, kv: SequenceKV, logits: Any,
-                         ship_from: int, num_tokens: int) -> int:
-        """Logits for the first token, and the linear states at the prompt's last full block
-        boundary when the decode node can keep that prefix (see kvship)."""
-        boundary = num_tokens // self.block_size_tokens * self.block_size_tokens
+    async def _send_meta(self, sender: KVSender, builder: ManifestBuilder, rid: int,
+                         kv: SequenceKV, logits: Any, ship_from: int, num_tokens: int) -> int:
+        """Snapshots, logits and snap_at (kvship.meta_arrays)."""
         sent = 0
-        snap_at = boundary if ship_from < boundary < num_tokens else 0
-        if snap_at:
-            for layer, name, array in snapshot_arrays(kv, snap_at):
-                await sender.send_array(rid, layer, "linear", name, array)
-                sent += array.nbytes
-        meta = [("logits", logits.detach().float().contiguous().numpy()),
-                ("snap_at", np.array([snap_at], dtype=np.int64))]
-        for name, array in meta:
-            await sender.send_array(rid, META_LAYER, "none", name, array)
+        for layer, kind, name, array in meta_arrays(kv, logits, ship_from, num_tokens,
+                                                    self.block_size_tokens):
+            await _ship(sender, builder, rid, layer, kind, name, array)
             sent += array.nbytes
         return sent
 
@@ -212,10 +227,22 @@ class PrefillWorker:
                                       rate_gbps=self.link.sender_rate_gbps,
                                       connect_timeout_s=t.connect_s, io_timeout_s=t.kv_s,
                                       finish_timeout_s=t.kv_s)
-                sender = KVSender(dest[0], dest[1], config, self.monitor)
+                sender = KVSender(dest[0], dest[1], config, self.monitor, tls=self.kv_tls,
+                                  server_name=self._decoder_name(dest))
                 await sender.connect()
                 self._senders[dest] = sender
             return sender
+
+    def _decoder_name(self, dest: tuple[str, int]) -> str | None:
+        """The topology name of the decode worker at `dest` (its certificate must carry it).
+        With TLS only the topology's decode workers are sent KV."""
+        for w in self.topology.by_role("pd-d"):
+            if (w.host, w.kv_port) == dest:
+                return w.name
+        if self.kv_tls is not None:
+            raise ProtocolError("dest", f"{dest[0]}:{dest[1]}",
+                                "not the KV port of a decode worker of this topology")
+        return None
 
     async def _drop_sender(self, dest: tuple[str, int]) -> None:
         sender = self._senders.pop(dest, None)
@@ -225,6 +252,12 @@ class PrefillWorker:
     async def _close(self, _: web.Application) -> None:
         for dest in list(self._senders):
             await self._drop_sender(dest)
+
+
+async def _ship(sender: KVSender, builder: ManifestBuilder, rid: int, layer: int, kind: str,
+                name: str, array: np.ndarray) -> None:
+    builder.add(layer, name, array)
+    await sender.send_array(rid, layer, kind, name, array)
 
 
 def _positive_float(raw: object) -> float:

@@ -109,8 +109,16 @@ class Reply:
 
 
 def feed(reply: Reply, event: Any) -> list[dict[str, Any]]:
-    """A backend's token event (`token_id`, `extra`: `seq`, `lp`, `top`) into the reply."""
-    extra = event.extra
+    """A backend's token event (`token_id`, `extra`: `seq`, `lp`, `top`) into the reply. What
+    the request needs and the event lacks (a backend that reports no logprobs, or no sequence
+    index for n > 1) is a 502, never a made-up value."""
+    extra, req = event.extra, reply.req
+    needs = {"lp": req.logprobs is not None or req.best_of > req.n,
+             "top": bool(req.logprobs), "seq": req.best_of > 1}
+    missing = [k for k, needed in needs.items() if needed and k not in extra]
+    if missing:
+        raise ApiError(502, f"the worker backend's token events lack {missing}, which this "
+                            "request needs", kind="server_error", code="bad_worker_reply")
     try:
         top = tuple((int(t), float(v)) for t, v in extra.get("top", ()))
         return reply.token(int(extra.get("seq", 0)), event.token_id,

@@ -10,8 +10,10 @@ OpenAI-style error object; a policy rejection -> 429; a failed request -> 502, n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import ssl
 import time
 import uuid
 from typing import Any
@@ -22,6 +24,7 @@ from aiohttp import web
 from prfaas.cache import GlobalKVCacheManager
 from prfaas.engine import ByteTokenizer, EngineConfig
 from prfaas.policy.base import Router, make_router
+from prfaas.security.apikey import api_key_middleware
 from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.dispatch import Dispatcher, Outcome
 from prfaas.serve.membership import Membership
@@ -44,8 +47,12 @@ def build_policy(topology: Topology) -> Router:
 
 class RouterService:
     def __init__(self, topology: Topology, config: EngineConfig,
-                 policy: Router | None = None) -> None:
+                 policy: Router | None = None, *, tls: ssl.SSLContext | None = None,
+                 api_key: str | None = None) -> None:
+        """`tls`: the router's client context for the PrfaaS workers' HTTPS (mutual TLS);
+        `api_key`: clients must send it as a Bearer token (security/apikey.py)."""
         self.topology, self.config = topology, config
+        self.tls, self.api_key = tls, api_key
         self.tokenizer = ByteTokenizer()
         self.policy = policy or build_policy(topology)
         self.manager = GlobalKVCacheManager(config.block_size_tokens)
@@ -53,13 +60,19 @@ class RouterService:
             self.manager.add_instance(w.name, w.cluster)
         self.cluster = LiveCluster(topology, kv_geometry(topology.model, config))
         self.metrics = RouterMetrics()
-        self.membership = Membership(topology, self.cluster, None)
+        self.membership = Membership(topology, self.cluster, None,
+                                     on_restart=self.manager.forget_pool)
         self.active = 0  # requests accepted and not finished (admission.max_inflight)
         self._session: aiohttp.ClientSession | None = None
         self._dispatcher: Dispatcher | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 2**20)
+        middlewares = []
+        if self.api_key is not None:
+            middlewares.append(api_key_middleware(
+                self.api_key, self.topology.security.metrics == "protected",
+                lambda: self.metrics.errors.inc(status="401")))
+        app = web.Application(client_max_size=64 * 2**20, middlewares=middlewares)
         app.add_routes([
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat),
@@ -73,7 +86,9 @@ class RouterService:
 
     async def _start(self, _: web.Application) -> None:
         # no pool limit: a long-running stream must not starve other requests of connections
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        # (and with TLS: the one client context every control call to a PrfaaS worker uses)
+        connector = aiohttp.TCPConnector(limit=0, ssl=self.tls if self.tls is not None else True)
+        self._session = aiohttp.ClientSession(connector=connector)
         self.membership.session = self._session
         self._dispatcher = Dispatcher(self.topology, self.cluster, self.manager, self.policy,
                                       self._session, self.config.block_size_tokens,
@@ -165,12 +180,14 @@ class RouterService:
                      t0: float) -> web.Response:
         assert self._dispatcher is not None
         reply, first_s = Reply(req, rid), None
-        try:
-            async for event in self._dispatcher.tokens(req, query, decision, out):
-                mark = time.perf_counter()
-                first_s = first_s if first_s is not None else mark - t0
-                feed(reply, event)
-                out.router_s += time.perf_counter() - mark
+        try:  # aclosing: an error in `feed` still runs the attempt's cleanup now
+            async with contextlib.aclosing(self._dispatcher.tokens(req, query, decision,
+                                                                   out)) as events:
+                async for event in events:
+                    mark = time.perf_counter()
+                    first_s = first_s if first_s is not None else mark - t0
+                    feed(reply, event)
+                    out.router_s += time.perf_counter() - mark
             reply.finish()
             body = reply.whole(reply.usage(out.cached_tokens), prompt_logprobs(req, out))
         except ApiError as exc:
@@ -187,14 +204,16 @@ class RouterService:
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         reply, first_s = Reply(req, rid), None
-        try:
-            async for event in self._dispatcher.tokens(req, query, decision, out):
-                mark = time.perf_counter()
-                first_s = first_s if first_s is not None else mark - t0
-                chunks = [_sse(c) for c in feed(reply, event)]
-                out.router_s += time.perf_counter() - mark
-                for chunk in chunks:
-                    await resp.write(chunk)
+        try:  # aclosing: a bad event or a client gone still runs the attempt's cleanup now
+            async with contextlib.aclosing(self._dispatcher.tokens(req, query, decision,
+                                                                   out)) as events:
+                async for event in events:
+                    mark = time.perf_counter()
+                    first_s = first_s if first_s is not None else mark - t0
+                    chunks = [_sse(c) for c in feed(reply, event)]
+                    out.router_s += time.perf_counter() - mark
+                    for chunk in chunks:
+                        await resp.write(chunk)
         except ApiError as exc:
             self._count(out, "error", t0, first_s, reply)
             await resp.write(_sse({**exc.body(), "prfaas": out.to_json()}))

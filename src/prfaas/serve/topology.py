@@ -20,6 +20,7 @@ import yaml
 
 from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_text
+from prfaas.security.spec import SecuritySpec, parse_security
 from prfaas.serve.resilience import (
     AdmissionSpec,
     DeadlineSpec,
@@ -58,6 +59,7 @@ class LinkSpec:
     # token-bucket: each sender shapes itself in user space (any host, no privileges);
     # netns: the kernel shapes a veth into the PrfaaS workers' namespace (root; serve/netns.py)
     emulation: str = "token-bucket"
+    delay_stage: bool = False  # netns: KV relayed through serve/delay.py (added RTT faults)
 
     def __post_init__(self) -> None:
         if self.rate_gbps is not None and not self.rate_gbps > 0:
@@ -69,6 +71,8 @@ class LinkSpec:
                               f"unknown; known: {', '.join(EMULATIONS)}")
         if self.emulation == "netns" and self.rate_gbps is None:
             raise ConfigError("link.rate_gbps", None, "emulation netns needs a rate to shape to")
+        if self.delay_stage and self.emulation != "netns":
+            raise ConfigError("link.delay_stage", True, "needs emulation netns")
 
     @property
     def sender_rate_gbps(self) -> float | None:
@@ -84,6 +88,7 @@ class WorkerSpec:
     port: int = 0
     kv_port: int = 0  # pd-d only: where its KVReceiver listens
     max_batch: int = 16  # pd-d only: continuous-batching slots
+    tls: bool = False  # its control API is HTTPS (prfaas workers when the topology has TLS)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -98,7 +103,12 @@ class WorkerSpec:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def tls_name(self) -> str | None:
+        """The name its certificate carries, for server_hostname (None: plain HTTP)."""
+        return self.name if self.tls else None
 
     @property
     def cluster(self) -> str:
@@ -136,6 +146,7 @@ class Topology:
     restart: RestartSpec = field(default_factory=RestartSpec)
     kv_deadline: DeadlineSpec = field(default_factory=DeadlineSpec)
     admission: AdmissionSpec = field(default_factory=AdmissionSpec)
+    security: SecuritySpec = field(default_factory=SecuritySpec)  # security/spec.py
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.workers]
@@ -165,12 +176,24 @@ class Topology:
     def link_of(self, worker: WorkerSpec) -> LinkSpec:
         return self.link if worker.role == "prfaas" else self.intra_link
 
+    def kv_dest(self, prefill: WorkerSpec, decode: WorkerSpec) -> tuple[str, int]:
+        """Where `prefill` ships KV for `decode`: its KV port, or with `link.delay_stage` the
+        delay stage's copy of that port inside the PrfaaS namespace (serve/delay.py)."""
+        if self.link.delay_stage and prefill.role == "prfaas":
+            return prefill.host, decode.kv_port
+        return decode.host, decode.kv_port
+
     def in_namespace(self, host_ip: str, ns_ip: str) -> Topology:
         """A copy for `link.emulation: netns`: PrfaaS workers at the namespace's address,
         decode workers at the host end of the veth (reachable from both sides)."""
         moved = {"prfaas": ns_ip, "pd-d": host_ip}
         return replace(self, workers=tuple(replace(w, host=moved.get(w.role, w.host))
                                            for w in self.workers))
+
+    def with_security(self, security: SecuritySpec) -> Topology:
+        """A copy with `security` in force (its PrfaaS workers' control API HTTPS with TLS)."""
+        return replace(self, security=security, workers=tuple(
+            replace(w, tls=security.tls and w.role == "prfaas") for w in self.workers))
 
     def with_ports(self) -> Topology:
         """A copy with every port 0 replaced by a currently free port."""
@@ -186,7 +209,7 @@ class Topology:
             "policy": {"name": self.policy, **self.policy_args},
             "router": {"host": self.router_host, "port": self.router_port},
             "link": {"rate_gbps": self.link.rate_gbps, "connections": self.link.connections,
-                     "emulation": self.link.emulation},
+                     "emulation": self.link.emulation, "delay_stage": self.link.delay_stage},
             "intra_link": {"rate_gbps": self.intra_link.rate_gbps,
                            "connections": self.intra_link.connections},
             "timeouts": {k: getattr(self.timeouts, k) for k in Timeouts.__dataclass_fields__},
@@ -194,6 +217,7 @@ class Topology:
             "max_retries": self.max_retries, "profile": self.profile,
             "health": to_dict(self.health), "restart": to_dict(self.restart),
             "kv_deadline": to_dict(self.kv_deadline), "admission": to_dict(self.admission),
+            "security": self.security.to_dict(),
             "workers": [{"name": w.name, "role": w.role, "host": w.host, "port": w.port,
                          "kv_port": w.kv_port, "max_batch": w.max_batch} for w in self.workers],
         }
@@ -216,13 +240,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _link(raw: object, where: str, default: LinkSpec) -> LinkSpec:
     m = _mapping(raw, where)
-    _keys(m, {"rate_gbps", "connections", "emulation"}, where)
+    _keys(m, {"rate_gbps", "connections", "emulation", "delay_stage"}, where)
     rate = m.get("rate_gbps", default.rate_gbps)
     emulation = str(m.get("emulation", default.emulation))
     if where == "intra_link" and emulation != "token-bucket":
         raise ConfigError("intra_link.emulation", emulation, "only the inter-DC link can be netns")
     return LinkSpec(None if rate is None else float(rate),
-                    int(m.get("connections", default.connections)), emulation)
+                    int(m.get("connections", default.connections)), emulation,
+                    bool(m.get("delay_stage", False)))
 
 
 def _worker(raw: object, index: int) -> WorkerSpec:
@@ -257,7 +282,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
     """`base`: the folder relative profile paths are read from (the topology file's)."""
     m = _mapping(raw, where)
     _keys(m, {"name", "model", "policy", "router", "link", "intra_link", "timeouts", "cache",
-              "max_retries", "workers", "profile", *RESILIENCE_KEYS}, where)
+              "max_retries", "workers", "profile", "security", *RESILIENCE_KEYS}, where)
     policy = dict(_mapping(m.get("policy"), "policy")) or {"name": "prfaas-threshold",
                                                           "threshold_tokens": 1024}
     profile = _profile(m.get("profile"), policy.pop("profile", None), base)
@@ -270,9 +295,14 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
     workers = m.get("workers")
     if not isinstance(workers, list) or not workers:
         raise ConfigError("workers", workers, "must be a non-empty list")
+    specs = tuple(_worker(w, i) for i, w in enumerate(workers))
+    security = parse_security(m.get("security"), base,
+                              [w.host for w in specs if w.role == "prfaas"],
+                              [w.host for w in specs if w.role != "prfaas"])
+    specs = tuple(replace(w, tls=security.tls and w.role == "prfaas") for w in specs)
     return Topology(
         name=str(m.get("name", "topology")),
-        workers=tuple(_worker(w, i) for i, w in enumerate(workers)),
+        workers=specs, security=security,
         model=dict(_mapping(m.get("model"), "model")),
         policy=str(policy.pop("name", "prfaas-threshold")), policy_args=policy,
         router_host=str(router.get("host", "127.0.0.1")), router_port=int(router.get("port", 8000)),

@@ -41,9 +41,25 @@ class PrefillInstance:
         self.held = 0  # routed here, waiting for a prefix move before they queue
         self.start_s = start_s  # joined its role (a rebalanced instance joins mid-run)
         self.end_s: float | None = None  # left its role
+        self.version = 0  # bumped when it goes down: its pending prefill-done is void
+        self.down = False
 
     def __len__(self) -> int:
         return len(self._heap) if self.sjf else len(self._fifo)
+
+    def abort(self, now_s: float) -> list[int]:
+        """Going down: the running and queued requests, in order; the instance is left empty
+        (what waits for a prefix move is the simulator's to re-run)."""
+        lost = [self.running] if self.running >= 0 else []
+        if self.running >= 0:
+            self.busy_s -= max(self.busy_until_s - now_s, 0.0)  # charged whole at start
+        queued = [r for _, r in sorted(self._heap)] if self.sjf else [r for r, _ in self._fifo]
+        self._fifo.clear()
+        self._heap.clear()
+        self.queued_service_s = 0.0
+        self.running = -1
+        self.version += 1
+        return lost + queued
 
     def enqueue(self, req: int, service_s: float) -> None:
         self.queued_service_s += service_s
@@ -116,6 +132,20 @@ class DecodeInstance:
         self.start_s = start_s
         self.end_s: float | None = None
         self._last_s = start_s
+        self.down = False
+
+    def abort(self, now_s: float) -> list[tuple[int, float]]:
+        """Going down: (request, steps still to run) for every running sequence, then
+        (request, inf) for those waiting for a slot; the instance is left empty."""
+        self.advance(now_s)
+        running = sorted(self._running, key=lambda e: e[1])
+        out = [(req, finish - self._virtual) for finish, req in running]
+        out += [(req, float("inf")) for req in self.waiting]
+        self._running.clear()
+        self.waiting.clear()
+        self.inflight = 0
+        self.version += 1
+        return out
 
     @property
     def batch(self) -> int:

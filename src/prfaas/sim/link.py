@@ -99,6 +99,17 @@ class SharedLink:
         heapq.heappush(self._flows, (self._virtual + max(size_bytes, 0.0), flow_id))
         self.version += 1
 
+    def cancel(self, now_s: float, flow_ids: set[int]) -> int:
+        """Drop these flows (their sender or the link went down); returns how many were on."""
+        self.advance(now_s)
+        kept = [f for f in self._flows if f[1] not in flow_ids]
+        dropped = len(self._flows) - len(kept)
+        if dropped:
+            heapq.heapify(kept)
+            self._flows = kept
+            self.version += 1
+        return dropped
+
     def next_finish_s(self) -> float | None:
         if not self._flows:
             return None

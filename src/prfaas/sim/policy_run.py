@@ -11,6 +11,7 @@ with `rebalance` the role changes (sim/roles.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from prfaas.scenario import Scenario
 from prfaas.sim.caching import CachePlugin, SimPrefixCache, cache_metrics
 from prfaas.sim.link import LinkSchedule
 from prfaas.sim.metrics import summarize
+from prfaas.sim.outages import Outage
 from prfaas.sim.roles import RebalancePlugin
+from prfaas.sim.run import outage_plugin
 from prfaas.sim.simulator import Simulator
 from prfaas.sim.system import SystemConfig, build_system
 from prfaas.workload.requests import Workload
@@ -78,7 +81,8 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
                link: LinkSchedule | None = None, ttft_slo_s: float | None = None,
                controller: dict[str, Any] | None = None, router_args: dict[str, Any] | None
                = None, rebalance: RebalancerConfig | None = None,
-               planned: PlanResult | None = None, **overrides: Any
+               planned: PlanResult | None = None, outages: Sequence[Outage] = (),
+               **overrides: Any
                ) -> tuple[Simulator, dict[str, Any]]:
     if link is not None:
         overrides["link"] = link
@@ -96,14 +100,16 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
     cfg = replace(cfg, router=name)
     plugin = CachePlugin(None, workload)
     roles = RebalancePlugin(rebalance) if rebalance is not None else None
-    sim = Simulator(cfg, workload, router, plugins=[plugin, roles] if roles else [plugin])
+    downs = outage_plugin(outages, rebalance)
+    extra = [p for p in (roles, downs) if p is not None]
+    sim = Simulator(cfg, workload, router, plugins=[plugin, *extra])
     plugin.cache = build_cache(cfg, workload, [(p.instance_id, p.cluster) for p in sim.prefills],
                                cache_scope, cache_capacity, snapshot_policy)
     sim.run()
     summary = summarize(sim)
     summary.update(cache_metrics(sim, plugin, workload))
-    if roles is not None:
-        summary.update(roles.summary())
+    for extra_plugin in extra:
+        summary.update(extra_plugin.summary())
     summary["policy"] = router.name
     summary["config"] = {**cfg.describe(), "cache_capacity_bytes": cache_capacity,
                          "snapshot_policy": snapshot_policy, "ttft_slo_s": ttft_slo_s}
@@ -130,7 +136,8 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                    ttft_slo_s: float | None, threshold: int | None, n_p: int | None,
                    n_d: int | None, link_gbps: float | None, no_pipeline: bool,
                    prefill_order: str, rebalance: RebalancerConfig | None = None,
-                   planned: PlanResult | None = None) -> tuple[Simulator, dict[str, Any]]:
+                   planned: PlanResult | None = None, outages: Sequence[Outage] = ()
+                   ) -> tuple[Simulator, dict[str, Any]]:
     """`prfaas simulate` with the policy/cache/link-schedule flags; adds `sim_wall_s`."""
     import time
 
@@ -146,6 +153,7 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                               cache_scope=cache_scope,
                               cache_capacity=parse_capacity(cache_capacity),
                               snapshot_policy=snapshot_policy, link=link, ttft_slo_s=ttft_slo_s,
-                              rebalance=rebalance, planned=planned, **overrides)
+                              rebalance=rebalance, planned=planned, outages=outages,
+                              **overrides)
     summary["sim_wall_s"] = round(time.perf_counter() - started, 4)
     return sim, summary

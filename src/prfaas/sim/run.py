@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from prfaas.core.errors import ConfigError
 from prfaas.policy.base import Router
 from prfaas.policy.rebalancer import RebalancerConfig
 from prfaas.sim.metrics import summarize
+from prfaas.sim.outages import Outage, OutagePlugin
 from prfaas.sim.roles import RebalancePlugin
 from prfaas.sim.simulator import Simulator
 from prfaas.sim.system import SystemConfig
@@ -19,23 +21,37 @@ from prfaas.workload.traces import load_trace
 
 
 def simulate(cfg: SystemConfig, workload: Workload, router: Router | None = None,
-             candidate_limit: int | None = None, rebalance: RebalancerConfig | None = None
-             ) -> tuple[Simulator, dict[str, Any]]:
+             candidate_limit: int | None = None, rebalance: RebalancerConfig | None = None,
+             outages: Sequence[Outage] = ()) -> tuple[Simulator, dict[str, Any]]:
     """Run to completion; the summary gets `sim_wall_s` (the event loop only) and the resolved
     configuration under `config`. With `rebalance`, PD instances change roles (sim/roles.py)
-    and the summary gets `role_changes` and `final_split`."""
+    and the summary gets `role_changes` and `final_split`; with `outages`, instances or the
+    link go down and up (sim/outages.py) and it gets `outages`, `lost`, `rerun_requests`."""
     roles = RebalancePlugin(rebalance) if rebalance is not None else None
+    downs = outage_plugin(outages, rebalance)
+    plugins = [p for p in (roles, downs) if p is not None]
     started = time.perf_counter()
-    sim = Simulator(cfg, workload, router, plugins=[roles] if roles else (),
+    sim = Simulator(cfg, workload, router, plugins=plugins,
                     candidate_limit=candidate_limit).run()
     wall_s = time.perf_counter() - started
     summary = summarize(sim)
-    if roles is not None:
-        summary.update(roles.summary())
+    for plugin in plugins:
+        summary.update(plugin.summary())
     summary["sim_wall_s"] = round(wall_s, 4)
     summary["config"] = cfg.describe()
     summary["workload"] = workload.source
     return sim, summary
+
+
+def outage_plugin(outages: Sequence[Outage], rebalance: RebalancerConfig | None
+                  ) -> OutagePlugin | None:
+    if not outages:
+        return None
+    if rebalance is not None:
+        raise ConfigError("outage", outages[0].as_text(),
+                          "cannot be combined with --rebalance (an instance would be moved "
+                          "and failed at once)")
+    return OutagePlugin(list(outages))
 
 
 def build_workload(lengths: LengthDistribution, output_tokens: int, *, rate_rps: float | None,

@@ -3,7 +3,8 @@
 Event heap entries are (time_s, kind, seq, a, b): ties at one instant resolve by kind (resources
 are freed before new work arrives), then by insertion order, so a run is deterministic. Events
 exist only where state changes: arrival, prefill end, link flow end, KV arrival, decode leave,
-link capacity change, and plugin callbacks (`call_at`). Every request is routed by a `Router`
+link capacity change, state changes (outages, `call_at(..., before_arrivals=True)`), arrival,
+then plugin callbacks (`call_at`). Every request is routed by a `Router`
 through `SimView`, the simulator's `ClusterView`. Prefix caches and the role rebalancer are
 `SimPlugin`s (plugin.py): listeners called at fixed points, not subclasses.
 
@@ -12,13 +13,19 @@ joins at prefill start and ends at the later of its bandwidth-limited finish and
 the last layer's share; otherwise it joins at prefill end. Local transfers run unshared at the
 intra-cluster rate with the same overlap rule. TTFT ends when the whole KV (and with it the
 first token) is at the decode instance. A request whose placement has `link_wait_bytes` (a
-prefix move) joins its prefill queue once those bytes have crossed the shared link.
+prefix move) joins its prefill queue once those bytes have crossed the shared link. Every
+transfer across the inter-cluster link arrives `cfg.rtt_s` later (models/tcp.py).
+
+Instances and the link can go down and come back mid-run (`Failover`, sim/failover.py; driven
+by scheduled outages, sim/outages.py): a prefill-done event carries its instance's version and
+a KV arrival its request's attempt number, so work a failure cancelled leaves no stale event.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from prfaas.core.types import (
     PD_CLUSTER,
@@ -28,6 +35,7 @@ from prfaas.core.types import (
     RouteQuery,
 )
 from prfaas.policy.base import Router, make_router
+from prfaas.sim.failover import Failover
 from prfaas.sim.instances import DecodeInstance, PrefillInstance
 from prfaas.sim.link import BYTES_PER_GBPS, SharedLink
 from prfaas.sim.plugin import Placement, SimPlugin
@@ -36,7 +44,8 @@ from prfaas.sim.system import SystemConfig
 from prfaas.sim.view import SimView
 from prfaas.workload.requests import Workload
 
-DECODE_DONE, LINK_DONE, KV_ARRIVE, PREFILL_DONE, LINK_CHANGE, ARRIVAL, CALLBACK = range(7)
+DECODE_DONE, LINK_DONE, KV_ARRIVE, PREFILL_DONE, LINK_CHANGE, STATE_CHANGE, ARRIVAL, CALLBACK = \
+    range(8)
 NO_CACHE: Mapping[str, int] = {}
 
 
@@ -85,16 +94,27 @@ class Simulator:
         self._flow_done = [False] * n
         self._held: dict[int, tuple[PrefillInstance, float]] = {}  # waiting on a link move
         self._arrived = 0
+        self._rtt_s = cfg.rtt_s
+        # failures (sim/failover.py): attempt number and stage of each request (0 not
+        # admitted, 1 routed, 2 at its decoder, 3 done), steps left of resumed requests
+        self.attempt = [0] * n
+        self.stage = [0] * n
+        self.resume_steps: dict[int, int] = {}
+        self.link_down = False
+        self.failover = Failover(self)
 
     # -- event plumbing ---------------------------------------------------------------------
     def _push(self, time_s: float, kind: int, a: int = 0, b: int = 0) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (time_s, kind, self._seq, a, b))
 
-    def call_at(self, time_s: float, fn: Callable[[], None]) -> None:
-        """Run `fn()` at `time_s` (after the simulator's own events of that instant)."""
+    def call_at(self, time_s: float, fn: Callable[[], None], before_arrivals: bool = False
+                ) -> None:
+        """Run `fn()` at `time_s`: after the simulator's own events of that instant, or with
+        `before_arrivals` (a change of the system's state, e.g. an outage) before the
+        requests arriving at that instant are routed."""
         self._callbacks[self._seq + 1] = fn
-        self._push(time_s, CALLBACK, self._seq + 1)
+        self._push(time_s, STATE_CHANGE if before_arrivals else CALLBACK, self._seq + 1)
 
     def busy(self) -> bool:
         """Work remains: requests still to arrive, in the system, or waiting on the link."""
@@ -109,8 +129,8 @@ class Simulator:
         if change is not None:
             self._push(change, LINK_CHANGE)
         handlers = (self._on_decode_done, self._on_link_done, self._on_kv_arrive,
-                    self._on_prefill_done, self._on_link_change, self._on_arrival,
-                    self._on_callback)
+                    self._on_prefill_done, self._on_link_change, self._on_callback,
+                    self._on_arrival, self._on_callback)
         heap = self._heap
         pop = heapq.heappop
         last_s = 0.0
@@ -119,7 +139,7 @@ class Simulator:
             self.now_s = time_s
             self.events += 1
             handlers[kind](a, b)
-            if kind != CALLBACK:
+            if kind < STATE_CHANGE or kind == ARRIVAL:
                 last_s = time_s
         # a plugin's trailing timer (e.g. the rebalancer's last tick) does not stretch the run
         self.now_s = last_s
@@ -159,6 +179,8 @@ class Simulator:
         cached = self._cached(i)
         info = RequestInfo(str(i), log.input_tokens[i], log.output_tokens[i], now)
         decision = self.router.route(RouteQuery(info, cached), self.view)
+        if self.link_down and not decision.rejected:
+            decision = self.failover.off_link(decision, RouteQuery(info, cached))
         t = self.router.threshold_tokens()
         log.threshold_tokens[i] = -1 if t is None else t
         decoder = self.decode_by_id.get(decision.decode_instance or "")
@@ -167,13 +189,19 @@ class Simulator:
             log.rejected[i] = True
             return
         self.in_system += 1
+        self._admit(i, prefill, decoder, self._placement(i, decision, prefill, cached))
+
+    def _admit(self, i: int, prefill: PrefillInstance, decoder: DecodeInstance,
+               place: Placement) -> None:
+        """Count the request on its decoder and queue its prefill (or its prefix move)."""
+        log, now = self.log, self.now_s
         decoder.inflight += 1
         if self._indexed:
             self.view.touch_decode(decoder)
         self._decoder_of[i] = decoder
         self._prefill_of[i] = prefill
+        self.stage[i] = 1
         log.remote[i] = prefill.cluster == PRFAAS_CLUSTER
-        place = self._placement(i, decision, prefill, cached)
         log.kv_bytes[i] = place.kv_bytes
         if place.link_wait_bytes > 0:
             # the prefill waits for a prefix move on the shared link (flow id past the requests)
@@ -214,7 +242,7 @@ class Simulator:
             return
         req, end_s = started
         self.log.prefill_start_s[req] = self.now_s
-        self._push(end_s, PREFILL_DONE, prefill.index, 0)
+        self._push(end_s, PREFILL_DONE, prefill.index, prefill.version)
         if self.log.remote[req] and self.cfg.pipelined:
             self._start_flow(req)
 
@@ -231,8 +259,10 @@ class Simulator:
     def _last_layer_s(self, req: int, rate_bps: float) -> float:
         return self.log.kv_bytes[req] / self.cfg.kv_layers / rate_bps
 
-    def _on_prefill_done(self, index: int, _: int) -> None:
+    def _on_prefill_done(self, index: int, version: int) -> None:
         prefill = self.prefills[index]
+        if version != prefill.version:
+            return  # the instance went down meanwhile: its work was re-run elsewhere
         req = prefill.finish()
         log, now = self.log, self.now_s
         log.prefill_end_s[req] = now
@@ -241,13 +271,14 @@ class Simulator:
                 self._start_flow(req)
             elif self._flow_done[req]:
                 rate = min(self.link.flow_cap_bps, self.link.capacity_gbps() * BYTES_PER_GBPS)
-                self._push(now + self._last_layer_s(req, rate), KV_ARRIVE, req)
+                self._push(now + self._last_layer_s(req, rate) + self._rtt_s, KV_ARRIVE, req,
+                           self.attempt[req])
         else:
             rate = self.cfg.intra_gbps * BYTES_PER_GBPS
             whole = log.kv_bytes[req] / rate
             ready = max(log.prefill_start_s[req] + whole, now + self._last_layer_s(req, rate)) \
                 if self.cfg.pipelined else now + whole
-            self._push(ready, KV_ARRIVE, req)
+            self._push(ready, KV_ARRIVE, req, self.attempt[req])
         self._start_prefill(prefill)
         if self._indexed:
             self.view.touch_prefill(prefill)
@@ -260,17 +291,27 @@ class Simulator:
         now, n = self.now_s, len(self.log.arrival_s)
         for flow in self.link.pop_finished(now):
             if flow >= n:  # a prefix move: the prefill that waited for it may queue
-                prefill, service_s = self._held.pop(flow - n)
-                prefill.held -= 1
-                self._enqueue(flow - n, prefill, service_s)
+                if self._rtt_s:
+                    self.call_at(now + self._rtt_s, partial(self._release, flow - n))
+                else:
+                    self._release(flow - n)
                 continue
             self._flow_done[flow] = True
             end = self.log.prefill_end_s[flow]
             if end == end:  # prefill already over (not nan): the transfer is complete
                 tail = self._last_layer_s(flow, self.link.flow_rate_bps()) \
                     if self.cfg.pipelined else 0.0
-                self._push(max(now, end + tail), KV_ARRIVE, flow)
+                self._push(max(now, end + tail) + self._rtt_s, KV_ARRIVE, flow,
+                           self.attempt[flow])
         self._schedule_link()
+
+    def _release(self, req: int) -> None:
+        """A prefix move arrived: the prefill that waited for it may queue."""
+        if req not in self._held:
+            return  # re-run elsewhere while the move was on its way
+        prefill, service_s = self._held.pop(req)
+        prefill.held -= 1
+        self._enqueue(req, prefill, service_s)
 
     def _on_link_change(self, _: int, __: int) -> None:
         self.link.set_capacity(self.now_s, self.cfg.link.at(self.now_s))
@@ -282,16 +323,33 @@ class Simulator:
     def _on_callback(self, key: int, _: int) -> None:
         self._callbacks.pop(key)()
 
-    def _on_kv_arrive(self, req: int, _: int) -> None:
-        self.log.kv_ready_s[req] = self.now_s
+    def _on_kv_arrive(self, req: int, attempt: int) -> None:
+        if attempt != self.attempt[req]:
+            return  # an attempt a failure cancelled
+        log = self.log
+        if log.kv_ready_s[req] != log.kv_ready_s[req]:  # nan: the first token only once
+            log.kv_ready_s[req] = self.now_s
+        self.stage[req] = 2
         decoder = self._decoder_of[req]
-        assert decoder is not None
-        decoder.inflight -= 1
+        if decoder is None:  # its decoder went down and none was up to take over
+            decoder = self.failover.redeliver(req)
+            if decoder is None:
+                return
+        else:
+            decoder.inflight -= 1
         if decoder.has_slot() and not decoder.waiting:
-            decoder.join(self.now_s, req, self.log.output_tokens[req])
+            steps = self.resume_steps  # (tokens_to_emit, inlined: the hot path)
+            decoder.join(self.now_s, req, steps.get(req, log.output_tokens[req]) if steps
+                         else log.output_tokens[req])
             self._schedule_decoder(decoder)
         else:
             decoder.waiting.append(req)
+
+    def tokens_to_emit(self, req: int) -> int:
+        """Decode steps of the request's current attempt (fewer once resumed)."""
+        steps = self.resume_steps
+        return steps.get(req, self.log.output_tokens[req]) if steps else \
+            self.log.output_tokens[req]
 
     def _schedule_decoder(self, decoder: DecodeInstance) -> None:
         at = decoder.next_finish_s()
@@ -305,10 +363,11 @@ class Simulator:
         now = self.now_s
         for req in decoder.pop_finished(now):
             self.log.finish_s[req] = now
+            self.stage[req] = 3
             self.in_system -= 1
         while decoder.waiting and decoder.has_slot():
             req = decoder.waiting.popleft()
-            decoder.join(now, req, self.log.output_tokens[req])
+            decoder.join(now, req, self.tokens_to_emit(req))
         self._schedule_decoder(decoder)
         if self._indexed:
             self.view.touch_decode(decoder)

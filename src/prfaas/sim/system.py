@@ -8,8 +8,10 @@ scenario, the planner's optimum and any overrides.
   decode pool; router `all-prfaas`.
 
 Link: `scenario.link_gbps`, or the scenario's `link.schedule` ([[start_s, gbps], ...] or
-[{start_s, gbps}, ...]), optional `connections` x `per_connection_gbps` per-transfer cap and
-`pipelined` (default true). Intra-cluster transfers run at `intra_gbps`, unshared.
+[{start_s, gbps}, ...]), the per-transfer cap and RTT of its TCP path (`scenario.tcp`:
+`connections` x min(`per_connection_gbps`, Mathis' bound from `rtt_ms`/`loss`/`mss_bytes`),
+models/tcp.py) and `pipelined` (default true). Intra-cluster transfers run at `intra_gbps`,
+unshared.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class SystemConfig:
     pipelined: bool = True
     kv_layers: int = DEFAULT_KV_LAYERS
     prefill_order: str = "fifo"
+    rtt_s: float = 0.0  # added to every transfer across the inter-cluster link
 
     def describe(self) -> dict[str, Any]:
         """The resolved configuration, written beside results."""
@@ -56,6 +59,7 @@ class SystemConfig:
                 "link_schedule": [list(p) for p in zip(self.link.start_s, self.link.gbps,
                                                        strict=True)],
                 "flow_cap_gbps": self.flow_cap_gbps, "intra_gbps": self.intra_gbps,
+                **({"rtt_s": self.rtt_s} if self.rtt_s else {}),
                 "pipelined": self.pipelined, "kv_layers": self.kv_layers,
                 "prefill_order": self.prefill_order}
 
@@ -75,16 +79,6 @@ def _schedule(link: dict[str, Any], gbps: float) -> LinkSchedule:
         else:
             raise ConfigError(f"link.schedule[{i}]", p, "expected [start_s, gbps]")
     return LinkSchedule.piecewise(points)
-
-
-def _flow_cap(link: dict[str, Any]) -> float | None:
-    per = link.get("per_connection_gbps")
-    if per is None:
-        return None
-    conns = int(link.get("connections", 1))
-    if conns < 1:
-        raise ConfigError("link.connections", conns, "must be at least 1")
-    return float(per) * conns
 
 
 def build_system(s: Scenario, system: str, *, threshold_tokens: int | None = None,
@@ -107,7 +101,7 @@ def build_system(s: Scenario, system: str, *, threshold_tokens: int | None = Non
     layers = s.model.num_layers if s.model is not None else DEFAULT_KV_LAYERS
     base: dict[str, Any] = dict(
         decode=decode_hw.require_decode(), kv=s.kv, link=_schedule(link_raw, s.link_gbps),
-        flow_cap_gbps=_flow_cap(link_raw), intra_gbps=s.intra_gbps,
+        flow_cap_gbps=s.tcp.transfer_cap_gbps(), rtt_s=s.tcp.rtt_s, intra_gbps=s.intra_gbps,
         pipelined=bool(link_raw.get("pipelined", True)), kv_layers=layers)
     pool = s.pd.instances if system == "prfaas_pd" else s.homogeneous.instances
     if n_p is not None and n_d is None:

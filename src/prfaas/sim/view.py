@@ -9,8 +9,9 @@ every change of an instance's queue or batch), so routing costs O(k log n), not 
 (the default) shows every instance and keeps no index.
 
 Pools change when the rebalancer moves an instance: `remove` hides it from routing (it drains),
-`add` shows its new-role incarnation. `unlimited()` is a view of the same pools without the
-limit (the rebalancer looks at whole pools).
+`add` shows its new-role incarnation; a scheduled outage removes and re-adds instances the same
+way (sim/failover.py) and shows a down link as `LinkStatus.up = False`. `unlimited()` is a view
+of the same pools without the limit (the rebalancer looks at whole pools).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class SimView:
         self._prefill: dict[str, list[PrefillInstance]] = shared._prefill if shared else {}
         self._decode: dict[str, list[DecodeInstance]] = shared._decode if shared else {}
         self._index: dict[tuple[str, Role], LoadIndex] = shared._index if shared else {}
+        self._link_key: tuple[int, bool] | None = None
+        self._link_status = LinkStatus(0.0)
         if shared is not None:
             return
         for p in sim.prefills:
@@ -106,8 +109,13 @@ class SimView:
 
     def link(self) -> LinkStatus:
         link = self._sim.link
+        key = (link.version, self._sim.link_down)
+        if key == self._link_key:  # nothing joined, left or changed capacity since
+            return self._link_status
         egress = link.flow_rate_bps() * link.active / BYTES_PER_GBPS
-        return LinkStatus(link.capacity_gbps(), egress)
+        self._link_status = LinkStatus(link.capacity_gbps(), egress, up=not self._sim.link_down)
+        self._link_key = key
+        return self._link_status
 
     def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
         return self._sim.prefill_by_id[instance_id].profile.seconds(total_tokens, cached_tokens)
@@ -115,4 +123,4 @@ class SimView:
     def kv_transfer_s(self, tokens: int) -> float:
         link = self._sim.link
         rate = min(link.flow_cap_bps, link.capacity_gbps() * BYTES_PER_GBPS)
-        return self._sim.cfg.kv.bytes_for(tokens) / rate
+        return self._sim.cfg.kv.bytes_for(tokens) / rate + self._sim.cfg.rtt_s

@@ -44,6 +44,7 @@ class Attempt:
     sampling: Mapping[str, Any]  # the /generate `sampling` dict (temperature, top_p, seed, ...)
     prefill: WorkerSpec
     decode: WorkerSpec
+    kv_dest: tuple[str, int]  # where the prefill worker ships the KV (host, port)
     first_token_s: float  # prefill (queue included) + KV transfer + first decode step
     prefill_s: float  # the prefill worker's answer, queueing and KV tail included
     kv_deadline_s: float  # the KV tail after the prefill computed (transfer-time based)

@@ -48,7 +48,8 @@ class NativeBackend(WorkerBackend):
                                         worker=dec.name)
                 ready = await _event(resp, None, a.connect_s + a.token_s, dec.name)
                 report.decode_cached_tokens = int(ready.get("cached_tokens", 0))
-                prefill = asyncio.create_task(self._prefill(a, report.decode_cached_tokens))
+                prefill = asyncio.create_task(self._prefill(a, report.decode_cached_tokens,
+                                                            ready.get("nonce")))
                 while True:
                     event = await _event(resp, None if emitted else prefill,
                                          a.token_s if emitted else a.first_token_s, dec.name)
@@ -79,17 +80,18 @@ class NativeBackend(WorkerBackend):
             if prefill is not None and not prefill.done():
                 prefill.cancel()
 
-    async def _prefill(self, a: Attempt, ship_from: int) -> dict[str, Any]:
-        pre, dec = a.prefill, a.decode
+    async def _prefill(self, a: Attempt, ship_from: int, nonce: object) -> dict[str, Any]:
+        pre = a.prefill
+        # `nonce`: the decoder's challenge for this attempt, bound into the KV manifest
         body = {"request_id": a.request_id, "token_ids": a.token_ids,
                 "ship_from_tokens": ship_from, "kv_deadline_s": a.kv_deadline_s,
-                "dest": {"host": dec.host, "port": dec.kv_port}}
+                "dest": {"host": a.kv_dest[0], "port": a.kv_dest[1]}, "nonce": nonce}
         if a.sampling.get("prompt_logprobs") is not None:  # echo: the prefill computes them
             body["prompt_logprobs"] = a.sampling["prompt_logprobs"]
         timeout = aiohttp.ClientTimeout(total=a.prefill_s, sock_connect=a.connect_s)
         try:
-            async with self.session.post(f"{pre.url}/prefill", json=body,
-                                         timeout=timeout) as resp:
+            async with self.session.post(f"{pre.url}/prefill", json=body, timeout=timeout,
+                                         server_hostname=pre.tls_name) as resp:
                 reply: dict[str, Any] = await resp.json(content_type=None)
                 if resp.status != 200:
                     err = reply.get("error", {}) if isinstance(reply, dict) else {}
