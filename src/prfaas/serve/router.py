@@ -25,6 +25,7 @@ from prfaas.cache import GlobalKVCacheManager
 from prfaas.engine import ByteTokenizer, EngineConfig
 from prfaas.policy.base import Router, make_router
 from prfaas.security.apikey import api_key_middleware
+from prfaas.serve.backends import make_backend
 from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.dispatch import Dispatcher, Outcome
 from prfaas.serve.membership import Membership
@@ -48,12 +49,17 @@ def build_policy(topology: Topology) -> Router:
 class RouterService:
     def __init__(self, topology: Topology, config: EngineConfig,
                  policy: Router | None = None, *, tls: ssl.SSLContext | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, tokenizer: Any = None, backend: str = "native",
+                 backend_args: dict[str, Any] | None = None) -> None:
         """`tls`: the router's client context for the PrfaaS workers' HTTPS (mutual TLS);
-        `api_key`: clients must send it as a Bearer token (security/apikey.py)."""
+        `api_key`: clients must send it as a Bearer token (security/apikey.py).
+        `tokenizer`, `backend`: another engine's (integrations/vllm/deploy.py); `config`
+        may then be any object with EngineConfig's name, max_context_tokens,
+        block_size_tokens and to_spec()."""
         self.topology, self.config = topology, config
         self.tls, self.api_key = tls, api_key
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer: ByteTokenizer = tokenizer or ByteTokenizer()
+        self.backend_name, self.backend_args = backend, dict(backend_args or {})
         self.policy = policy or build_policy(topology)
         self.manager = GlobalKVCacheManager(config.block_size_tokens)
         for w in topology.workers:
@@ -90,9 +96,10 @@ class RouterService:
         connector = aiohttp.TCPConnector(limit=0, ssl=self.tls if self.tls is not None else True)
         self._session = aiohttp.ClientSession(connector=connector)
         self.membership.session = self._session
+        backend = make_backend(self.backend_name, session=self._session, **self.backend_args)
         self._dispatcher = Dispatcher(self.topology, self.cluster, self.manager, self.policy,
                                       self._session, self.config.block_size_tokens,
-                                      membership=self.membership)
+                                      backend=backend, membership=self.membership)
         self.membership.start()
 
     async def _stop(self, _: web.Application) -> None:
