@@ -12,8 +12,12 @@ KV bytes that crossed the inter-DC link.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +26,7 @@ import numpy as np
 from prfaas.bench.loadgen import Result, run_load
 from prfaas.bench.workload import BenchRequest
 from prfaas.emulated.probe import ProbeResult, judge
+from prfaas.serve.launcher import Deployment
 from prfaas.sim.run import simulate
 from prfaas.sim.system import SystemConfig
 from prfaas.workload.arrivals import make_arrivals
@@ -29,6 +34,21 @@ from prfaas.workload.requests import Workload, synthetic
 
 _LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
 REQUEST_TIMEOUT_S = 900.0
+
+
+@contextlib.contextmanager
+def deployed(topology: Any, log_dir: Any = None) -> Iterator[Deployment]:
+    """A started Deployment, stopped afterwards; a stop that times out on a loaded host (a
+    killed process not yet reaped) is reported, not raised, so the measured runs are kept."""
+    dep = Deployment(topology, log_dir, start_timeout_s=300.0)
+    dep.start()
+    try:
+        yield dep
+    finally:
+        try:
+            dep.stop()
+        except subprocess.TimeoutExpired as exc:
+            print(f"warning: stopping the deployment: {exc}", file=sys.stderr)
 
 
 def probe_workload(lengths: Any, output_tokens: int, rate_rps: float, n: int, seed: int
@@ -48,19 +68,23 @@ class RunRecord:
     remote: np.ndarray  # bool: prefilled in the PrfaaS cluster
     link_bytes: float  # KV over the inter-DC link
     span_s: float
+    kv_bytes: np.ndarray | None = None  # per request KV bytes shipped
     cpu_share: float | None = None  # our processes' CPU / (wall x cores), live only
     loadavg: float | None = None
     errors: int = 0
 
 
 def simulated(cfg: SystemConfig, workload: Workload) -> RunRecord:
-    sim, _ = simulate(cfg, workload)
+    return from_sim(simulate(cfg, workload)[0], workload)
+
+
+def from_sim(sim: Any, workload: Workload) -> RunRecord:
     log = sim.log
     arrival, ready = np.asarray(log.arrival_s), np.asarray(log.kv_ready_s)
     finish = np.asarray(log.finish_s)
     return RunRecord(judge(workload.offered_rps(), arrival, ready, finish), arrival, ready,
                      finish, np.asarray(log.remote, dtype=bool), float(sim.link.bytes_sent),
-                     float(np.nanmax(finish) - arrival.min()))
+                     float(np.nanmax(finish) - arrival.min()), np.asarray(log.kv_bytes))
 
 
 def prompts(workload: Workload, seed: int) -> list[BenchRequest]:
@@ -99,10 +123,10 @@ def live(url: str, model: str, workload: Workload, pids: list[int], seed: int) -
     finish = np.array([r.sent_s + r.e2e_s if r.ok and r.e2e_s is not None else nan
                        for r in results])
     remote = np.array([r.prfaas.get("route") == "prfaas" for r in results], dtype=bool)
-    link = float(sum(r.prfaas.get("kv_bytes", 0) for r, rem in zip(results, remote, strict=True)
-                     if rem))
+    kv = np.array([float(r.prfaas.get("kv_bytes", 0) or 0) for r in results])
+    link = float(kv[remote].sum())
     return RunRecord(judge(workload.offered_rps(), arrival, ready, finish), arrival, ready,
                      finish, remote, link, float(np.nanmax(finish) - arrival.min())
-                     if np.isfinite(finish).any() else wall, cpu,
+                     if np.isfinite(finish).any() else wall, kv, cpu,
                      round((load0 + os.getloadavg()[0]) / 2, 2),
                      sum(1 for r in results if not r.ok))

@@ -23,7 +23,6 @@ from aiohttp import web
 
 from prfaas.cache import GlobalKVCacheManager
 from prfaas.engine import ByteTokenizer, EngineConfig
-from prfaas.models.kv import geometry
 from prfaas.policy.base import Router, make_router
 from prfaas.security.apikey import api_key_middleware
 from prfaas.serve.backends import make_backend
@@ -31,6 +30,7 @@ from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.dispatch import Dispatcher, Outcome
 from prfaas.serve.membership import Membership
 from prfaas.serve.metrics import RouterMetrics
+from prfaas.serve.model import kv_geometry
 from prfaas.serve.openai_api import ApiError, GenRequest, load_json, parse
 from prfaas.serve.plan import live_plan_inputs
 from prfaas.serve.respond import Reply, feed, prompt_logprobs
@@ -64,7 +64,7 @@ class RouterService:
         self.manager = GlobalKVCacheManager(config.block_size_tokens)
         for w in topology.workers:
             self.manager.add_instance(w.name, w.cluster)
-        self.cluster = LiveCluster(topology, geometry(config.to_spec()))
+        self.cluster = LiveCluster(topology, kv_geometry(topology.model, config))
         self.metrics = RouterMetrics()
         self.membership = Membership(topology, self.cluster, None,
                                      on_restart=self.manager.forget_pool)
@@ -83,6 +83,7 @@ class RouterService:
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat),
             web.get("/v1/models", self.models), web.get("/health", self.health),
+            web.post("/link", self.link_telemetry),
             web.get("/metrics", self.prometheus),
         ])
         app.on_startup.append(self._start)
@@ -105,6 +106,19 @@ class RouterService:
         await self.membership.stop()
         if self._session is not None:
             await self._session.close()
+
+    async def link_telemetry(self, request: web.Request) -> web.Response:
+        """`{capacity_gbps}`: the inter-DC link's capacity as measured outside the router
+        (the emulated link's schedule reports each change here)."""
+        try:
+            rate = float((await request.json())["capacity_gbps"])
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.json_response({"error": f"capacity_gbps: {exc}"}, status=400)
+        if not rate > 0:
+            return web.json_response({"error": f"capacity_gbps={rate}: must be > 0"},
+                                     status=400)
+        self.cluster.capacity_gbps = rate
+        return web.json_response({"capacity_gbps": rate})
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True, "name": "router", "role": "router",
