@@ -87,7 +87,9 @@ class WorkerHalf:
         if consumer:
             self.recv = RecvLink(ReceiverConfig(
                 host=str(extra.get("kv_host", "127.0.0.1")), port=int(extra["kv_port"]),
-                frame_timeout_s=float(extra.get("frame_timeout_s", 30.0))), self._on_tensor)
+                # a connection of an open transfer may idle while the prefill computes (layer-wise
+                # over a long, chunked prompt); the request's own timeout bounds the whole wait
+                frame_timeout_s=float(extra.get("frame_timeout_s", 300.0))), self._on_tensor)
 
     # -- setup --------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, Any]) -> None:
