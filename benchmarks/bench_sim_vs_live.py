@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from prfaas.bench.calibration import per_request_error
 from prfaas.bench.loadgen import Result, run_load
 from prfaas.bench.workload import BenchRequest
 from prfaas.models.profile_file import load_profile_file
@@ -264,6 +265,12 @@ def compare(workload: Workload, live: dict[str, Any], sim: dict[str, Any], hw: A
     live_side = side(lrows, kv_live, out_tokens)
     sim_side = side(sim["rows"], sim["kv_bytes_link"], out_tokens)
     paired = [(sim["rows"][row["index"]], row) for row in lrows]
+    calibration = {
+        "ttft": per_request_error(np.array([b["ttft_s"] for _, b in paired]),
+                                  np.array([a["ttft_s"] for a, _ in paired])),
+        "e2e": per_request_error(np.array([b["end_s"] - b["arrival_s"] for _, b in paired]),
+                                 np.array([a["end_s"] - a["arrival_s"] for a, _ in paired])),
+    }
     return {
         "rate_rps": workload.offered_rps(),
         "live": {**live_side, "ok": len(lrows), "errors": len(workload) - len(lrows),
@@ -282,6 +289,7 @@ def compare(workload: Workload, live: dict[str, Any], sim: dict[str, Any], hw: A
             "ttft_per_request_corr": float(np.corrcoef([a["ttft_s"] for a, _ in paired],
                                                        [b["ttft_s"] for _, b in paired])[0, 1]),
         },
+        "calibration": calibration,
         "requests_columns": ["input_tokens", "route", "live_ttft_s", "sim_ttft_s",
                              "live_prefill_s", "profile_prefill_s"],
         "requests": request_rows(workload, lrows, sim["rows"], hw),
@@ -349,6 +357,7 @@ def _print(r: dict[str, Any]) -> None:
         for label, a, b in rows:
             print(f"{label:<22}{a:>10.3f}{b:>10.3f}{a / b if b else float('nan'):>10.2f}")
         print(f"prefill live/profile: {live['prefill_vs_profile']}")
+        print(f"calibration (per request, sim vs live): {run['calibration']}")
         print(f"TTFT parts live: {live['ttft_parts_mean_s']}")
         print(f"TTFT parts sim:  {sim['ttft_parts_mean_s']}")
     print(f"wrote {OUT} in {r['bench_wall_s']:.0f} s")

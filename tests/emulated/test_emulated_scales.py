@@ -54,8 +54,9 @@ def test_lengths_rebin_exactly() -> None:
 
 
 def test_pattern_follows_the_model() -> None:
-    p = pattern_of(find_model("Kimi-Linear-48B-A3B"))
-    assert len(p) == 27 and p.count("M") == 7 and p.endswith("M")
+    p = pattern_of(find_model("Kimi-Linear-48B-A3B"))  # 27 layers, 7 MLA: merged into 8
+    assert len(p) == 8 and p.count("M") == 2 and p.endswith("M")
+    assert pattern_of(find_model("Qwen3-Next-80B-A3B")) == "KKKMKKKM"  # 36 + 12 -> 6 + 2
     assert pattern_of(None) == "KKKMKKKM"
 
 

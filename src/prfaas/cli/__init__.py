@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("prfaas.cli.generate", "Run the small hybrid model in one process."),
     "profile": ("prfaas.cli.profile", "Measure this engine's prefill/decode profile."),
     "serve": ("prfaas.cli.serve", "Start the router and workers of a topology."),
+    "vllm-model": ("prfaas.integrations.vllm.cli", "Build a tiny HF model for vLLM (no download)."),
     "bench": ("prfaas.cli.bench", "Replay requests against a running router."),
     "certs": ("prfaas.cli.certs", "Certificates for a topology's mutual-TLS links."),
 }

@@ -27,10 +27,23 @@ from prfaas.engine.sampling import SamplingParams
 @click.option("--model-seed", default=None, type=int, help="Weight seed (default 0).")
 @click.option("--weights", default=None, type=click.Path(), help="safetensors weights file.")
 @click.option("--threads", default=None, type=int, help="torch threads (default 1).")
+@click.option("--engine", "engine_kind", default="native", show_default=True,
+              type=click.Choice(["native", "vllm"]),
+              help="vllm: one standalone vLLM engine, greedy (the `vllm` extra).")
+@click.option("--model", "model_dir", default=None, help="vllm: model directory.")
+@click.option("--topology", "topology_path", default=None,
+              help="vllm: take the model and engine arguments from this topology "
+                   "(default topologies/vllm-local-llama.yaml).")
 def command(prompt: str, max_tokens: int, as_json: bool, temperature: float, top_p: float,
             seed: int, preset: str, model_seed: int | None, weights: str | None,
-            threads: int | None) -> None:
+            threads: int | None, engine_kind: str, model_dir: str | None,
+            topology_path: str | None) -> None:
     """Generate text with the hybrid-attention engine (the single-process reference)."""
+    if engine_kind == "vllm":
+        from prfaas.integrations.vllm.cli import generate_vllm
+
+        generate_vllm(prompt, max_tokens, as_json, model_dir, topology_path)
+        return
     config = engine_config(preset, seed=model_seed, threads=threads)
     engine = Engine(config, weights_path=weights)
     prompt_ids = engine.tokenizer.encode(prompt)

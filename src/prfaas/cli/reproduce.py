@@ -33,11 +33,19 @@ from prfaas.sim.system import SYSTEMS
 @click.option("--scales", "scales_text", default=None, metavar="time=A,bytes=B,tokens=D,output=G",
               help="With --live: the emulation's unit scales (docs/emulated.md).")
 @click.option("--keep-logs", is_flag=True, help="With --live: keep worker logs in OUT/logs.")
+@click.option("--link-fluctuation", "fluctuation", is_flag=True,
+              help="With --live: the link drops 10x mid-run and recovers, static t vs the "
+              "controller (needs root for the shared netns link); writes fluctuation.json.")
 def command(scenario_name: str, out_dir: str, live: bool, quick: bool,
-            scales_text: str | None, keep_logs: bool) -> None:
+            scales_text: str | None, keep_logs: bool, fluctuation: bool) -> None:
     """Planner, simulated capacities, TTFT under load and plots for the case study."""
     started = time.perf_counter()
     scenario = load_scenario(scenario_name)
+    if live and fluctuation:
+        from prfaas.emulated.report import run_fluctuation_command
+
+        run_fluctuation_command(Path(out_dir), scales_text)
+        return
     if live:
         from prfaas.emulated.report import run_live_command
 

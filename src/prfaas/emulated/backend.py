@@ -17,6 +17,7 @@ from prfaas.emulated.engine import EmulatedEngine
 from prfaas.emulated.scales import ScaledScenario, Scales, scale_scenario
 from prfaas.engine.config import EngineConfig
 from prfaas.models.profile import HardwareProfile
+from prfaas.planner.search import PlanInputs
 from prfaas.scenario import load_scenario
 
 SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
@@ -82,3 +83,24 @@ def emulated_engine(model: dict[str, Any], role: str) -> EmulatedEngine:
     scaled, system = scaled_from_model(model)
     hw = hardware_for(scaled, system, role)
     return EmulatedEngine(scaled.layout, emulated_config(scaled), hw.prefill, hw.decode)
+
+
+def emulated_plan_inputs(topology: Any) -> PlanInputs:
+    """A controlled router's planner inputs for an emulated topology: the scaled scenario's
+    profiles of the system's pools (not one profile for both, as for the CPU engine)."""
+    scaled, system = scaled_from_model(topology.model)
+    s = scaled.scenario
+    roles = ROLES_OF[system]
+    remote = hardware_for(scaled, system, "prfaas") if "prfaas" in roles else None
+    local = hardware_for(scaled, system, "pd-p") if "pd-p" in roles else None
+    prefill = (remote or local)
+    assert prefill is not None
+    n_pd = len(topology.by_role("pd-p")) + len(topology.by_role("pd-d"))
+    return PlanInputs(
+        lengths=s.lengths, output_tokens=s.output_tokens, kv=s.kv,
+        t_step_tokens=s.t_step_tokens,
+        prfaas_prefill=(remote or prefill).require_prefill(),
+        pd_prefill=(local or prefill).require_prefill(),
+        decode=hardware_for(scaled, system, "pd-d").require_decode(),
+        n_prfaas=len(topology.by_role("prfaas")), n_pd=n_pd,
+        link_gbps=topology.link.rate_gbps or s.link_gbps, intra_gbps=s.intra_gbps)

@@ -81,11 +81,18 @@ def token_of(digest: int, step: int) -> int:
     return (x * 0x2C1B3C6D & 0xFFFFFFFF) >> 24
 
 
+def _layer_crc(kv: SequenceKV, index: int, crc: int) -> int:
+    layer = kv.export_layer(index, 0, kv.stores[index].num_tokens)
+    for name in sorted(layer.tensors):
+        crc = zlib.crc32(layer.tensors[name].contiguous().numpy().tobytes(), crc)
+    return crc
+
+
 def kv_digest(kv: SequenceKV) -> int:
+    """CRC-32 of the whole KV (every layer from token 0, in layer order)."""
     crc = 0
-    for layer in kv.export(0, kv.num_tokens):
-        for name in sorted(layer.tensors):
-            crc = zlib.crc32(layer.tensors[name].contiguous().numpy().tobytes(), crc)
+    for i in range(len(kv.stores)):
+        crc = _layer_crc(kv, i, crc)
     return crc
 
 
@@ -140,16 +147,19 @@ class EmulatedEngine(Engine):
         kv = EmulatedKV(base.stores, list(token_ids))
         end, n = len(token_ids), self.layout.num_layers
         t0 = self._now()
+        crc = 0
         for i, width in enumerate(self.layout.widths):
             store = kv.stores[i]
             if isinstance(store, RowStore):
                 store.append({"rows": attention_rows(token_ids, start, end, i, width)})
             elif isinstance(store, LinearStore):
                 store.advance({"state": linear_state(token_ids, end, i, width)}, end)
+            # the emulation's own work (payload, digest) happens inside the layer's time
+            crc = _layer_crc(kv, i, crc)
             self._sleep(max(t0 + seconds * (i + 1) / n - self._now(), 0.0))
             if on_layer is not None:
                 on_layer(kv.export_layer(i, start, end))
-        kv.digest = kv_digest(kv)
+        kv.digest = crc
         first = token_of(kv.digest, 0)
         logits = torch.zeros(self.config.vocab_size)
         logits[first] = _LOGIT

@@ -3,8 +3,11 @@
 A layer is `K` (linear: a fixed state of `width` float32 values) or `M` (full attention: `width`
 float32 values per token). With a `model:` in the scenario the pattern keeps its linear and
 full-attention layer counts (the full-attention layers spread evenly among the linear ones,
-as in Kimi Linear and Qwen3-Next); without one (a KV size fitted from measurements, like the
-paper's case study) it is `KKKM` x 2, the paper's KDA:MLA = 3:1. The scaled KV bytes
+as in Kimi Linear and Qwen3-Next), merged into `MAX_LAYERS` = 8 layers of the same linear:full
+mix when the model is deeper (every layer costs frames and event-loop wake-ups per request on
+two shared cores; the bytes per kind are the model's either way); without one (a KV size
+fitted from measurements, like the paper's case study) it is `KKKM` x 2, the paper's
+KDA:MLA = 3:1. The scaled KV bytes
 (`bytes_scale` x S_kv(tokens_scale x l)) are rounded to whole float32 values, split evenly
 over the layers of each kind; `kv_size()` is what the emulated engine really ships, so the
 simulator of the scaled scenario uses exactly those bytes.
@@ -21,6 +24,7 @@ from prfaas.models.spec import ModelSpec
 FLOAT_BYTES = 4
 DEFAULT_PATTERN = "KKKM" * 2
 MAX_ROUNDING = 0.01  # a scaled size may be off the exact one by at most 1%
+MAX_LAYERS = 8  # deeper models are emulated with 8 layers of the same linear:full mix
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,10 @@ def pattern_of(model: ModelSpec | None) -> str:
                           "supported (their KV is neither per token nor fixed)")
     n_lin = kinds.count("linear")
     n_full = len(kinds) - n_lin
+    if len(kinds) > MAX_LAYERS:  # every emulated layer a frame pair per request: keep few
+        n_full = min(max(round(MAX_LAYERS * n_full / len(kinds)), 1 if n_full else 0),
+                     MAX_LAYERS)
+        n_lin, kinds = MAX_LAYERS - n_full, ["linear"] * MAX_LAYERS
     if n_full == 0:
         return "K" * n_lin
     # full-attention layer j sits at the end of its even share of the stack

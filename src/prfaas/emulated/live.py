@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from prfaas.bench.calibration import per_request_error
 from prfaas.emulated.probe import Search
 from prfaas.emulated.runs import RunRecord, live, probe_workload, simulated
 from prfaas.emulated.scales import Scales
@@ -180,27 +179,13 @@ def _system_json(sr: SystemRun, phase: dict[str, Any], sim: tuple[float, list[An
 
 
 def calibration(pairs: dict[str, tuple[RunRecord, RunRecord]], a: float) -> dict[str, Any]:
-    """Per-request error of the simulator against the live run (same workload): MAPE and the
-    P50/P90 of |sim - live| / live for TTFT and E2E, per TTFT run."""
-    out = {}
-    for label, (rec, srec) in pairs.items():
-        row = {}
-        for key, live_v, sim_v in (("ttft", rec.ready_s - rec.arrival_s,
-                                    srec.ready_s - srec.arrival_s),
-                                   ("e2e", rec.finish_s - rec.arrival_s,
-                                    srec.finish_s - srec.arrival_s)):
-            ok = np.isfinite(live_v) & np.isfinite(sim_v) & (live_v > 0)
-            err = np.abs(sim_v[ok] - live_v[ok]) / live_v[ok]
-            row[key] = {"mape": round(float(err.mean()), 4),
-                        "p50_err": round(float(np.percentile(err, 50)), 4),
-                        "p90_err": round(float(np.percentile(err, 90)), 4),
-                        "live_p50_s": round(float(np.percentile(live_v[ok], 50)) / a, 4),
-                        "sim_p50_s": round(float(np.percentile(sim_v[ok], 50)) / a, 4),
-                        "live_p90_s": round(float(np.percentile(live_v[ok], 90)) / a, 4),
-                        "sim_p90_s": round(float(np.percentile(sim_v[ok], 90)) / a, 4),
-                        "n": int(ok.sum())}
-        out[label] = row
-    return out
+    """Per-request error of the simulator against the live run (same workload), per TTFT
+    run: TTFT and E2E (bench/calibration.py), P50/P90 values in scenario seconds."""
+    return {label: {"ttft": per_request_error(rec.ready_s - rec.arrival_s,
+                                              srec.ready_s - srec.arrival_s, a),
+                    "e2e": per_request_error(rec.finish_s - rec.arrival_s,
+                                             srec.finish_s - srec.arrival_s, a)}
+            for label, (rec, srec) in pairs.items()}
 
 
 def _result(scenario: Scenario, sc: Scales, options: LiveOptions, systems: dict[str, Any],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,17 @@ from prfaas.emulated.topology import emulated_system
 from prfaas.scenario import Scenario
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so every deployment's processes and namespace are removed."""
+    def handler(signum: int, _: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run_live_command(scenario: Scenario, out_dir: Path, quick: bool, scales_text: str | None,
                      keep_logs: bool) -> None:
+    _stop_on_sigterm()
     started = time.perf_counter()
     scales = parse_scales(scales_text)
     for name in SYSTEMS:
@@ -34,6 +44,8 @@ def run_live_command(scenario: Scenario, out_dir: Path, quick: bool, scales_text
 
         def tick(label: str) -> None:
             progress.update(task, advance=1, description=label)
+            if not console.is_terminal:  # a log file gets one line per step instead
+                console.print(f"[{time.perf_counter() - started:6.0f} s] {label}")
 
         result = reproduce_live(scenario, out_dir, options, scales, tick, keep_logs)
     result["wall_s"] = round(time.perf_counter() - started, 1)
@@ -87,3 +99,36 @@ def live_table(result: dict[str, Any]) -> Table:
     for label, cells in rows:
         table.add_row(label, *cells)
     return table
+
+
+def run_fluctuation_command(out_dir: Path, scales_text: str | None) -> None:
+    from prfaas.emulated.fluctuation import fluctuation_live
+
+    _stop_on_sigterm()
+    started = time.perf_counter()
+    scales = parse_scales(scales_text)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()[0]
+
+    def tick(label: str) -> None:
+        console.print(f"[{time.perf_counter() - started:6.0f} s] {label}")
+
+    result = fluctuation_live(scales, tick=tick)
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    result["loadavg_start_end"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+    (out_dir / "fluctuation.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = Table(title=f"link {result['link_gbps']} -> {result['dip_gbps']} -> "
+                        f"{result['link_gbps']} Gbps (scenario units), {result['rate_rps']} "
+                        "req/s; live = emulated hardware")
+    for col in ("policy", "dip offered KV Gbps live / sim", "dip P99 TTFT s live / sim",
+                "P99 TTFT s live / sim", "dip offload live / sim"):
+        table.add_column(col, justify="right")
+    for policy, r in result["policies"].items():
+        lv, sm = r["live"], r["sim"]
+        table.add_row(policy, f"{lv['dip_offered_egress_gbps']:.1f} / "
+                      f"{sm['dip_offered_egress_gbps']:.1f}",
+                      f"{lv['dip_ttft_p99_s']:.2f} / {sm['dip_ttft_p99_s']:.2f}",
+                      f"{lv['ttft_p99_s']:.2f} / {sm['ttft_p99_s']:.2f}",
+                      f"{lv['dip_offload_fraction']:.2f} / {sm['dip_offload_fraction']:.2f}")
+    console.print(table)
+    console.print(f"wrote fluctuation.json to {out_dir} in {result['wall_s']} s")

@@ -48,19 +48,23 @@ class RunRecord:
     remote: np.ndarray  # bool: prefilled in the PrfaaS cluster
     link_bytes: float  # KV over the inter-DC link
     span_s: float
+    kv_bytes: np.ndarray | None = None  # per request KV bytes shipped
     cpu_share: float | None = None  # our processes' CPU / (wall x cores), live only
     loadavg: float | None = None
     errors: int = 0
 
 
 def simulated(cfg: SystemConfig, workload: Workload) -> RunRecord:
-    sim, _ = simulate(cfg, workload)
+    return from_sim(simulate(cfg, workload)[0], workload)
+
+
+def from_sim(sim: Any, workload: Workload) -> RunRecord:
     log = sim.log
     arrival, ready = np.asarray(log.arrival_s), np.asarray(log.kv_ready_s)
     finish = np.asarray(log.finish_s)
     return RunRecord(judge(workload.offered_rps(), arrival, ready, finish), arrival, ready,
                      finish, np.asarray(log.remote, dtype=bool), float(sim.link.bytes_sent),
-                     float(np.nanmax(finish) - arrival.min()))
+                     float(np.nanmax(finish) - arrival.min()), np.asarray(log.kv_bytes))
 
 
 def prompts(workload: Workload, seed: int) -> list[BenchRequest]:
@@ -99,10 +103,10 @@ def live(url: str, model: str, workload: Workload, pids: list[int], seed: int) -
     finish = np.array([r.sent_s + r.e2e_s if r.ok and r.e2e_s is not None else nan
                        for r in results])
     remote = np.array([r.prfaas.get("route") == "prfaas" for r in results], dtype=bool)
-    link = float(sum(r.prfaas.get("kv_bytes", 0) for r, rem in zip(results, remote, strict=True)
-                     if rem))
+    kv = np.array([float(r.prfaas.get("kv_bytes", 0) or 0) for r in results])
+    link = float(kv[remote].sum())
     return RunRecord(judge(workload.offered_rps(), arrival, ready, finish), arrival, ready,
                      finish, remote, link, float(np.nanmax(finish) - arrival.min())
-                     if np.isfinite(finish).any() else wall, cpu,
+                     if np.isfinite(finish).any() else wall, kv, cpu,
                      round((load0 + os.getloadavg()[0]) / 2, 2),
                      sum(1 for r in results if not r.ok))

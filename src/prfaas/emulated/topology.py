@@ -40,12 +40,14 @@ class EmulatedSystem:
 
 def emulated_system(scenario: str | Scenario, system: str, scales: Scales | None = None, *,
                     link_emulation: str = "auto", policy: str | None = None,
-                    policy_args: dict[str, Any] | None = None) -> EmulatedSystem:
+                    policy_args: dict[str, Any] | None = None, n_p: int | None = None,
+                    n_d: int | None = None) -> EmulatedSystem:
+    """`n_p` / `n_d` override the planner's PD split (the pool size stays)."""
     check_system(system)
     original = load_scenario(scenario) if isinstance(scenario, str) else scenario
     sc = scales or Scales()
     scaled = scale_scenario(original, sc)
-    plan = build_system(original, system)
+    plan = build_system(original, system, n_p=n_p, n_d=n_d)
     for role in ROLES_OF[system]:
         hardware_for(scaled, system, role)  # a role without its profile fails here, once
     bs_max = {"prfaas_pd": scaled.scenario.pd, "homogeneous_pd": scaled.scenario.homogeneous,

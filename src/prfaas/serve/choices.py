@@ -58,15 +58,15 @@ class Choice:
     def stopped(self) -> bool:
         return self.text.stopped
 
-    def feed(self, token: int, logprob: float, top: tuple[tuple[int, float], ...] = ()
-             ) -> tuple[str, list[Entry]]:
-        """Add a generated token; the text and entries it releases."""
+    def feed(self, token: int, logprob: float, top: tuple[tuple[int, float], ...] = (),
+             text: str | None = None) -> tuple[str, list[Entry]]:
+        """Add a generated token; the text and entries it releases (`text`: StopText.feed)."""
         self.num_tokens += 1
         self.cum_logprob += logprob
         if self.text.stopped:
             return "", []
         start = self.text.decoded_chars
-        piece = self.text.feed(token)
+        piece = self.text.feed(token, text)
         self.entries.append(Entry(token, logprob, top, start, self.text.decoded_chars))
         self.parts.append(piece)
         limit = self.text.released_chars

@@ -6,7 +6,8 @@ Prefill time is predicted from each worker's measured seconds per computed token
 worker reports with every prefill; a prior until then); KV transfer time from the model's KV
 geometry and the topology's link rate. The link status is what the threshold controller and the
 cache-aware regime switch read: capacity = the topology's `link.rate_gbps` (the token bucket's
-rate), egress = the router's LinkMonitor over the last `LINK_WINDOW_S`, fed with the bytes each
+rate) or what link telemetry last reported (`POST /link {capacity_gbps}` on the router),
+egress = the router's LinkMonitor over the last `LINK_WINDOW_S`, fed with the bytes each
 PrfaaS prefill reports having shipped, and pending = the predicted KV bytes of PrfaaS requests
 dispatched but not yet delivered. The PrfaaS queue is each worker's in-flight requests and
 their predicted prefill seconds. Workers the membership layer holds down are left out of
@@ -47,6 +48,7 @@ class LiveCluster:
         self.loads = {w.name: _Load(w) for w in topology.workers}
         self.monitor = LinkMonitor(window_s=LINK_WINDOW_S)
         self.down: frozenset[str] = frozenset()  # kept by serve/membership.py; not in the view
+        self.capacity_gbps: float | None = None  # told by POST /link (link telemetry)
         self._t0 = time.monotonic()
 
     def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
@@ -77,6 +79,11 @@ class LiveCluster:
         if worker.role != "prfaas":
             return 0
         return int(self.geometry.size_bytes(max(shipped_tokens, 1)))
+
+    def link_capacity_gbps(self) -> float:
+        """The inter-DC capacity: what link telemetry last reported (POST /link on the
+        router), else the topology's rate."""
+        return self.capacity_gbps or self.topology.link.rate_gbps or UNSHAPED_GBPS
 
     def link_egress_gbps(self) -> float:
         return self.monitor.egress_bytes_per_s() * 8 / 1e9
@@ -113,7 +120,7 @@ class LiveView:
         return out
 
     def link(self) -> LinkStatus:
-        rate = self._c.topology.link.rate_gbps or UNSHAPED_GBPS
+        rate = self._c.link_capacity_gbps()
         return LinkStatus(capacity_gbps=rate, egress_gbps=self._c.link_egress_gbps(),
                           pending_bytes=float(self._c.monitor.pending_bytes))
 
@@ -121,5 +128,5 @@ class LiveView:
         return self._c.prefill_time_s(instance_id, total_tokens, cached_tokens)
 
     def kv_transfer_s(self, tokens: int) -> float:
-        rate = self._c.topology.link.rate_gbps or UNSHAPED_GBPS
+        rate = self._c.link_capacity_gbps()
         return self._c.geometry.size_bytes(tokens) * 8 / (rate * 1e9)

@@ -35,6 +35,7 @@ from prfaas.serve.supervisor import Supervisor
 from prfaas.serve.topology import Topology
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0")
+VLLM_START_TIMEOUT_S = 600.0  # vLLM instances take 35-200 s to start on a loaded 2-core host
 DELAY_STAGE = "delay-stage"  # the process of serve/delay.py (link.delay_stage)
 
 
@@ -86,6 +87,11 @@ class Deployment:
                 self.topology = self.requested.in_namespace(
                     self.netns.host_ip, self.netns.ns_ip).with_ports()
             self.topology.dump(path)
+            if self.topology.engine == "vllm":  # build the tiny model once, before any instance
+                from prfaas.integrations.vllm.deploy import prepare
+
+                prepare(self.topology)
+                self.start_timeout_s = max(self.start_timeout_s, VLLM_START_TIMEOUT_S)
             if self.topology.link.delay_stage:
                 self._start_delay_stage(path)
             for w in self.topology.workers:

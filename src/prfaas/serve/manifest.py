@@ -52,7 +52,11 @@ def model_identity(engine: Any) -> str:
     """SHA-256 of the engine's config (every field) and of every weight, in name order."""
     h = hashlib.sha256(json.dumps(dataclasses.asdict(engine.config), sort_keys=True,
                                   default=str).encode())
-    for name, tensor in sorted(engine.model.state_dict().items()):
+    model = getattr(engine, "model", None)
+    if model is None:  # the emulated engine has no weights: its KV layout is its model
+        h.update(repr(getattr(engine, "layout", None)).encode())
+        return h.hexdigest()
+    for name, tensor in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(tensor.detach().contiguous().reshape(-1).view(dtype=_uint8()).numpy().data)
     return h.hexdigest()

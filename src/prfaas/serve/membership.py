@@ -140,7 +140,10 @@ class Membership:
         try:
             async with self.session.get(f"{worker.url}/health", timeout=timeout,
                                         server_hostname=worker.tls_name) as resp:
-                body = await resp.json(content_type=None)
+                if worker.engine == "vllm":  # vLLM's /health: 200 and an empty body
+                    body = {"ok": resp.status == 200}
+                else:
+                    body = await resp.json(content_type=None)
                 if resp.status != 200 or not isinstance(body, dict) or not body.get("ok"):
                     raise ValueError(f"/health answered HTTP {resp.status}")
                 pid = body.get("pid")

@@ -8,6 +8,7 @@ from typing import Any
 
 from prfaas.core.errors import ConfigError
 from prfaas.engine import Engine, EngineConfig
+from prfaas.models.kv import KVGeometry, geometry
 
 PRESETS = ("tiny", "small", "mimo_like")
 
@@ -35,3 +36,14 @@ def make_engine(model: dict[str, Any], role: str) -> Engine:
 
         return emulated_engine(model, role)
     return Engine(engine_config(model))
+
+
+def kv_geometry(model: dict[str, Any], config: EngineConfig) -> KVGeometry:
+    """The KV geometry the router predicts transfer bytes with (the emulated layout's bytes
+    for the emulated backend)."""
+    if model.get("backend") == "emulated":
+        from prfaas.emulated.backend import scaled_from_model
+
+        kv = scaled_from_model(model)[0].layout.kv_size()
+        return KVGeometry(config.name, kv.per_token_bytes, kv.fixed_bytes, 0.0, 0, 0.0)
+    return geometry(config.to_spec())

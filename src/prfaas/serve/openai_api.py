@@ -1,6 +1,6 @@
-"""OpenAI-compatible request parsing and response shapes for the router.
+"""OpenAI-compatible request parsing for the router (the replies: respond.py).
 
-`parse_completion` / `parse_chat` validate a body into a `GenRequest` or raise `ApiError`
+`parse` validates a completions or chat body into a `GenRequest` or raises `ApiError`
 (HTTP 400 with an OpenAI-style error object: message, type, param, code). Chat messages are
 rendered with a fixed byte-level template (`<|role|>\\n content \\n ... <|assistant|>\\n`).
 Limits follow `Engine.generate`: prompt tokens <= context, prompt + max_tokens <= context + 1.

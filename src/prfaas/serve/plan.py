@@ -58,6 +58,10 @@ def load_live_profile(ref: str) -> HardwareProfile:
 def live_plan_inputs(topology: Topology, profile: HardwareProfile | None = None) -> PlanInputs:
     """PlanInputs for the topology: `profile` (default: the one the topology names) for both
     prefill pools and decode; n_prfaas = PrfaaS workers, n_pd = PD-P + PD-D workers."""
+    if profile is None and topology.model.get("backend") == "emulated":
+        from prfaas.emulated.backend import emulated_plan_inputs
+
+        return emulated_plan_inputs(topology)
     hw = profile or load_live_profile(topology.profile)
     n_prfaas = len(topology.by_role("prfaas"))
     n_pd = len(topology.by_role("pd-p")) + len(topology.by_role("pd-d"))

@@ -237,7 +237,7 @@ class PrefillWorker:
         """The topology name of the decode worker at `dest` (its certificate must carry it).
         With TLS only the topology's decode workers are sent KV."""
         for w in self.topology.by_role("pd-d"):
-            if (w.host, w.kv_port) == dest:
+            if self.topology.kv_dest(self.spec, w) == dest:  # (or its delay-stage copy)
                 return w.name
         if self.kv_tls is not None:
             raise ProtocolError("dest", f"{dest[0]}:{dest[1]}",

@@ -77,7 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"[{args.name}] %(levelname)s %(message)s")
     try:
-        served = build_app(args.topology, args.name)
+        topo = load_topology(args.topology)
+        if topo.engine == "vllm":
+            from prfaas.integrations.vllm.deploy import exec_worker, router_service
+
+            if args.name != "router":
+                exec_worker(topo, args.name)  # does not return: this process becomes vLLM
+            served = Served(router_service(topo, api_key_from_env()).app(), topo.router_host,
+                            topo.router_port)
+        else:
+            served = build_app(args.topology, args.name)
     except PrfaasError as exc:
         print(f"[{args.name}] error: {exc}", file=sys.stderr)
         return 2

@@ -35,11 +35,12 @@ class Reply:
     # streaming --------------------------------------------------------------------------
 
     def token(self, seq: int, token: int, logprob: float,
-              top: tuple[tuple[int, float], ...] = ()) -> list[dict[str, Any]]:
+              top: tuple[tuple[int, float], ...] = (), text: str | None = None
+              ) -> list[dict[str, Any]]:
         if not 0 <= seq < len(self.choices):
             raise ValueError(f"token event for sequence {seq} of {len(self.choices)}")
         choice = self.choices[seq]
-        text, entries = choice.feed(token, logprob, top)
+        text, entries = choice.feed(token, logprob, top, text)
         first = seq not in self._started
         if not (text or entries or first):
             return []
@@ -109,7 +110,8 @@ class Reply:
 
 
 def feed(reply: Reply, event: Any) -> list[dict[str, Any]]:
-    """A backend's token event (`token_id`, `extra`: `seq`, `lp`, `top`) into the reply. What
+    """A backend's token event (`token_id`, `extra`: `seq`, `lp`, `top`, and `text` when the
+    engine detokenizes itself) into the reply. What
     the request needs and the event lacks (a backend that reports no logprobs, or no sequence
     index for n > 1) is a 502, never a made-up value."""
     extra, req = event.extra, reply.req
@@ -121,8 +123,10 @@ def feed(reply: Reply, event: Any) -> list[dict[str, Any]]:
                             "request needs", kind="server_error", code="bad_worker_reply")
     try:
         top = tuple((int(t), float(v)) for t, v in extra.get("top", ()))
+        text = extra.get("text")
         return reply.token(int(extra.get("seq", 0)), event.token_id,
-                           float(extra.get("lp", 0.0)), top)
+                           float(extra.get("lp", 0.0)), top,
+                           text if isinstance(text, str) else None)
     except (TypeError, ValueError) as exc:
         raise ApiError(502, f"malformed token event from the decode worker: {exc}",
                        kind="server_error", code="bad_worker_reply") from exc

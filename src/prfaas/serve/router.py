@@ -23,13 +23,14 @@ from aiohttp import web
 
 from prfaas.cache import GlobalKVCacheManager
 from prfaas.engine import ByteTokenizer, EngineConfig
-from prfaas.models.kv import geometry
 from prfaas.policy.base import Router, make_router
 from prfaas.security.apikey import api_key_middleware
+from prfaas.serve.backends import make_backend
 from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.dispatch import Dispatcher, Outcome
 from prfaas.serve.membership import Membership
 from prfaas.serve.metrics import RouterMetrics
+from prfaas.serve.model import kv_geometry
 from prfaas.serve.openai_api import ApiError, GenRequest, load_json, parse
 from prfaas.serve.plan import live_plan_inputs
 from prfaas.serve.respond import Reply, feed, prompt_logprobs
@@ -48,17 +49,22 @@ def build_policy(topology: Topology) -> Router:
 class RouterService:
     def __init__(self, topology: Topology, config: EngineConfig,
                  policy: Router | None = None, *, tls: ssl.SSLContext | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, tokenizer: Any = None, backend: str = "native",
+                 backend_args: dict[str, Any] | None = None) -> None:
         """`tls`: the router's client context for the PrfaaS workers' HTTPS (mutual TLS);
-        `api_key`: clients must send it as a Bearer token (security/apikey.py)."""
+        `api_key`: clients must send it as a Bearer token (security/apikey.py).
+        `tokenizer`, `backend`: another engine's (integrations/vllm/deploy.py); `config`
+        may then be any object with EngineConfig's name, max_context_tokens,
+        block_size_tokens and to_spec()."""
         self.topology, self.config = topology, config
         self.tls, self.api_key = tls, api_key
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer: ByteTokenizer = tokenizer or ByteTokenizer()
+        self.backend_name, self.backend_args = backend, dict(backend_args or {})
         self.policy = policy or build_policy(topology)
         self.manager = GlobalKVCacheManager(config.block_size_tokens)
         for w in topology.workers:
             self.manager.add_instance(w.name, w.cluster)
-        self.cluster = LiveCluster(topology, geometry(config.to_spec()))
+        self.cluster = LiveCluster(topology, kv_geometry(topology.model, config))
         self.metrics = RouterMetrics()
         self.membership = Membership(topology, self.cluster, None,
                                      on_restart=self.manager.forget_pool)
@@ -77,6 +83,7 @@ class RouterService:
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat),
             web.get("/v1/models", self.models), web.get("/health", self.health),
+            web.post("/link", self.link_telemetry),
             web.get("/metrics", self.prometheus),
         ])
         app.on_startup.append(self._start)
@@ -89,15 +96,29 @@ class RouterService:
         connector = aiohttp.TCPConnector(limit=0, ssl=self.tls if self.tls is not None else True)
         self._session = aiohttp.ClientSession(connector=connector)
         self.membership.session = self._session
+        backend = make_backend(self.backend_name, session=self._session, **self.backend_args)
         self._dispatcher = Dispatcher(self.topology, self.cluster, self.manager, self.policy,
                                       self._session, self.config.block_size_tokens,
-                                      membership=self.membership)
+                                      backend=backend, membership=self.membership)
         self.membership.start()
 
     async def _stop(self, _: web.Application) -> None:
         await self.membership.stop()
         if self._session is not None:
             await self._session.close()
+
+    async def link_telemetry(self, request: web.Request) -> web.Response:
+        """`{capacity_gbps}`: the inter-DC link's capacity as measured outside the router
+        (the emulated link's schedule reports each change here)."""
+        try:
+            rate = float((await request.json())["capacity_gbps"])
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.json_response({"error": f"capacity_gbps: {exc}"}, status=400)
+        if not rate > 0:
+            return web.json_response({"error": f"capacity_gbps={rate}: must be > 0"},
+                                     status=400)
+        self.cluster.capacity_gbps = rate
+        return web.json_response({"capacity_gbps": rate})
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True, "name": "router", "role": "router",

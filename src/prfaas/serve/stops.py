@@ -32,12 +32,16 @@ class StopText:
         """Characters decoded so far (released or held)."""
         return self.released_chars + len(self._pending)
 
-    def feed(self, token: int) -> str:
-        """The text token `token` releases ("" once stopped)."""
+    def feed(self, token: int, text: str | None = None) -> str:
+        """The text token `token` releases ("" once stopped); `text`: the engine's own
+        detokenization of the token (another engine's tokenizer), instead of byte decoding."""
         if self.stopped:
             return ""
         self.num_tokens += 1
-        self._pending += self._decoder.decode(bytes([token])) if token < 256 else ""
+        if text is not None:
+            self._pending += text
+        else:
+            self._pending += self._decoder.decode(bytes([token])) if token < 256 else ""
         if not self.stops or self.num_tokens < self.min_tokens:
             return self._release(len(self._pending))
         hit = min(((i, s) for s in self.stops if (i := self._pending.find(s)) >= 0),

@@ -29,6 +29,7 @@ from prfaas.serve.resilience import (
     parse_spec,
     to_dict,
 )
+from prfaas.serve.vllm_settings import VllmSettings, parse_vllm
 
 WorkerRole = Literal["prfaas", "pd-p", "pd-d"]
 ROLES: tuple[str, ...] = ("prfaas", "pd-p", "pd-d")
@@ -50,6 +51,7 @@ def _mapping(raw: object, where: str) -> dict[str, Any]:
 
 
 EMULATIONS = ("token-bucket", "netns")
+ENGINES = ("native", "vllm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +91,14 @@ class WorkerSpec:
     kv_port: int = 0  # pd-d only: where its KVReceiver listens
     max_batch: int = 16  # pd-d only: continuous-batching slots
     tls: bool = False  # its control API is HTTPS (prfaas workers when the topology has TLS)
+    engine: str = "native"  # native: prfaas workers; vllm: a vLLM instance (vllm_settings.py)
+    cores: str | None = None  # vllm: VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
+    vllm_args: tuple[str, ...] = ()  # vllm: more server arguments for this instance
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"workers.{self.name}.engine", self.engine,
+                              f"unknown; known: {', '.join(ENGINES)}")
         if self.role not in ROLES:
             raise ConfigError(f"workers.{self.name}.role", self.role,
                               f"unknown; known: {', '.join(ROLES)}")
@@ -147,9 +155,15 @@ class Topology:
     kv_deadline: DeadlineSpec = field(default_factory=DeadlineSpec)
     admission: AdmissionSpec = field(default_factory=AdmissionSpec)
     security: SecuritySpec = field(default_factory=SecuritySpec)  # security/spec.py
+    vllm: VllmSettings | None = None  # the vLLM instances' model and arguments (engine: vllm)
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.workers]
+        engines = {w.engine for w in self.workers}
+        if len(engines) > 1:
+            raise ConfigError("workers.engine", sorted(engines), "all workers need one engine")
+        if engines == {"vllm"} and self.vllm is None:
+            raise ConfigError("vllm", None, "workers with engine: vllm need a `vllm:` section")
         if len(set(names)) != len(names):
             raise ConfigError("workers", names, "worker names must be unique")
         if not self.by_role("pd-d"):
@@ -161,6 +175,10 @@ class Topology:
 
     def by_role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)
+
+    @property
+    def engine(self) -> str:
+        return self.workers[0].engine
 
     def worker(self, name: str) -> WorkerSpec:
         for w in self.workers:
@@ -219,7 +237,10 @@ class Topology:
             "kv_deadline": to_dict(self.kv_deadline), "admission": to_dict(self.admission),
             "security": self.security.to_dict(),
             "workers": [{"name": w.name, "role": w.role, "host": w.host, "port": w.port,
-                         "kv_port": w.kv_port, "max_batch": w.max_batch} for w in self.workers],
+                         "kv_port": w.kv_port, "max_batch": w.max_batch,
+                         **({"engine": w.engine, "cores": w.cores, "vllm_args": list(w.vllm_args)}
+                            if w.engine != "native" else {})} for w in self.workers],
+            **({"vllm": self.vllm.to_dict()} if self.vllm is not None else {}),
         }
 
     def dump(self, path: str | Path) -> None:
@@ -252,11 +273,16 @@ def _link(raw: object, where: str, default: LinkSpec) -> LinkSpec:
 
 def _worker(raw: object, index: int) -> WorkerSpec:
     m = _mapping(raw, f"workers[{index}]")
-    _keys(m, {"name", "role", "host", "port", "kv_port", "max_batch"}, f"workers[{index}]")
+    _keys(m, {"name", "role", "host", "port", "kv_port", "max_batch", "engine", "cores",
+              "vllm_args"}, f"workers[{index}]")
     if "name" not in m or "role" not in m:
         raise ConfigError(f"workers[{index}]", m, "needs a name and a role")
+    cores = m.get("cores")
     return WorkerSpec(str(m["name"]), m["role"], str(m.get("host", "127.0.0.1")),
-                      int(m.get("port", 0)), int(m.get("kv_port", 0)), int(m.get("max_batch", 16)))
+                      int(m.get("port", 0)), int(m.get("kv_port", 0)), int(m.get("max_batch", 16)),
+                      engine=str(m.get("engine", "native")),
+                      cores=None if cores is None else str(cores),
+                      vllm_args=tuple(str(a) for a in m.get("vllm_args", ())))
 
 
 def _profile(top: object, in_policy: object, base: Path | None) -> str:
@@ -282,7 +308,8 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
     """`base`: the folder relative profile paths are read from (the topology file's)."""
     m = _mapping(raw, where)
     _keys(m, {"name", "model", "policy", "router", "link", "intra_link", "timeouts", "cache",
-              "max_retries", "workers", "profile", "security", *RESILIENCE_KEYS}, where)
+              "max_retries", "workers", "profile", "security", "vllm", *RESILIENCE_KEYS},
+             where)
     policy = dict(_mapping(m.get("policy"), "policy")) or {"name": "prfaas-threshold",
                                                           "threshold_tokens": 1024}
     profile = _profile(m.get("profile"), policy.pop("profile", None), base)
@@ -312,6 +339,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
         cache_capacity_bytes=int(float(cache.get("capacity_mb", 512)) * 2**20),
         max_retries=int(m.get("max_retries", 3)), profile=profile,
         **{key: parse_spec(cls, m.get(key), key) for key, cls in RESILIENCE_KEYS.items()},
+        vllm=parse_vllm(m.get("vllm"), base),
     )
 
 

@@ -17,7 +17,9 @@ re-run on the local path. `Failover` owns that logic; scheduled outages (sim/out
   names a PrfaaS instance or a cross-cluster prefix move is replaced by the local one.
 - An instance comes back empty (a restart): queue, batch and in-flight work are gone.
 A request no path can serve at that moment is lost (`lost`); `reruns` counts re-runs.
-Failures are detected at once (the live router needs a health check or a KV deadline).
+Approximations: failures are detected at once (the live router needs a health check or a KV
+deadline); a prefix move already on the link completes even if its source instance goes down;
+prefix caches survive an outage.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from prfaas.core.errors import TransportError
 _SCRATCH_BYTES = 256 * 1024  # ciphertext read per recv: several 16 KiB TLS records
 _SLICE_S = 0.2  # longest single poll() in a worker thread
 _IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
+_TLS_SLICE_BYTES = 256 * 1024  # plaintext encrypted per step before it goes on the wire
 
 
 class TlsRefused(TransportError):
@@ -188,9 +189,18 @@ class TlsChannel(Channel):
             view = view[n:]
 
     def send_parts_sync(self, parts: list[bytes | memoryview], timeout_s: float) -> None:
+        """Encrypt and send in slices, so the wire (and the receiver) work while the next
+        slice is encrypted, as SSL_write on a socket would, instead of encrypting a whole
+        batch first."""
+        deadline = time.monotonic() + timeout_s
         for part in parts:
-            self._encrypt(part)
-        super().send_parts_sync([self._out.read()], timeout_s)
+            view = memoryview(part).cast("B")
+            for start in range(0, len(view), _TLS_SLICE_BYTES):
+                self._encrypt(view[start : start + _TLS_SLICE_BYTES])
+                if self._out.pending >= _TLS_SLICE_BYTES:
+                    super().send_parts_sync([self._out.read()], deadline - time.monotonic())
+        if self._out.pending:
+            super().send_parts_sync([self._out.read()], deadline - time.monotonic())
 
     def try_recv_sync(self, view: memoryview) -> int:
         try:

@@ -23,7 +23,13 @@ def _native(**kwargs: Any) -> WorkerBackend:
     return NativeBackend(**kwargs)
 
 
-BACKENDS: dict[str, BackendFactory] = {"native": _native}
+def _vllm(**kwargs: Any) -> WorkerBackend:
+    from prfaas.serve.backends.vllm import VllmBackend
+
+    return VllmBackend(**kwargs)
+
+
+BACKENDS: dict[str, BackendFactory] = {"native": _native, "vllm": _vllm}
 
 
 def make_backend(name: str, **kwargs: Any) -> WorkerBackend:

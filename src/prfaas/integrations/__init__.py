@@ -1,0 +1,1 @@
+"""Integrations of prfaas with other serving engines (each needs its own optional extra)."""

@@ -1,0 +1,50 @@
+"""What PrfaasConnector's scheduler half tells its worker half each engine step.
+
+`SaveJob`: a prefill instance's request that computes this step; which blocks of each cache
+group became complete (they are sent from `save_kv_layer`, layer by layer), and on the step that
+ends the prompt, the recurrent-state slot of each Mamba/GDN group (sent from `wait_for_save`).
+`LoadJob`: a decode instance's request that now owns destination blocks and waits for its KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class SaveJob:
+    req_id: str
+    transfer_id: int
+    dest: tuple[str, int]
+    # per cache group: (block ids to send now, index of the first in the request's list)
+    blocks: tuple[tuple[list[int], int], ...]
+    num_tokens: int  # prompt tokens this instance computes (the KV that crosses)
+    fingerprint: int  # of those tokens
+    first: bool  # the request's first save step: the meta tensor goes first
+    last: bool  # the prompt ends this step: states, then END
+    state_blocks: tuple[int | None, ...] = ()  # per group on the last step; None: not Mamba
+    rate_gbps: float | None = None  # None: the instance's link rate
+    after_prefill: bool = False  # hold every layer until the prompt is done (a baseline)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadJob:
+    req_id: str
+    transfer_id: int
+    block_ids: tuple[list[int], ...]  # destination, per cache group (the request's whole list)
+    state_blocks: tuple[int | None, ...]  # destination state slot per group; None: not Mamba
+    skip_tokens: int  # prompt tokens this instance already holds (local prefix hit): kept
+    num_tokens: int  # prompt tokens expected
+    fingerprint: int
+    timeout_s: float
+
+
+@dataclass(slots=True)
+class PrfaasMetadata(KVConnectorMetadata):
+    saves: list[SaveJob] = field(default_factory=list)
+    loads: list[LoadJob] = field(default_factory=list)
+    aborted: list[int] = field(default_factory=list)  # transfer ids no longer awaited
+    # prefill requests that ended before their prompt did: (transfer id, dest, rate)
+    abort_sends: list[tuple[int, tuple[str, int], float | None]] = field(default_factory=list)

@@ -1,0 +1,76 @@
+"""The `kv_transfer_params` a router puts in the OpenAI body for PrfaasConnector (no vLLM here).
+
+Both halves of one request carry the same `transfer_id` (the wire format's request id):
+- to the prefill instance: `{"prfaas": {"role": "send", "transfer_id", "dest_host",
+  "dest_port"}}`: compute the prompt and stream its KV to that receiver;
+- to the decode instance: `{"prfaas": {"role": "recv", "transfer_id", "timeout_s"}}`: allocate
+  the prompt's blocks and wait (asynchronously) for that transfer.
+`fingerprint` binds a transfer to the prompt: both ends hash the token ids they hold.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from prfaas.core.errors import ConfigError
+
+KEY = "prfaas"
+
+
+@dataclass(frozen=True, slots=True)
+class SendParams:
+    transfer_id: int
+    dest_host: str
+    dest_port: int
+    # benchmark knobs (the router never sets them): another link rate than the instance's,
+    # and send-after-prefill (every layer held until the prompt is done) instead of layer-wise
+    rate_gbps: float | None = None
+    after_prefill: bool = False
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"role": "send", "transfer_id": self.transfer_id,
+                                "dest_host": self.dest_host, "dest_port": self.dest_port}
+        if self.rate_gbps is not None:
+            body["rate_gbps"] = self.rate_gbps
+        if self.after_prefill:
+            body["after_prefill"] = True
+        return {KEY: body}
+
+
+@dataclass(frozen=True, slots=True)
+class RecvParams:
+    transfer_id: int
+    timeout_s: float = 120.0
+
+    def to_body(self) -> dict[str, Any]:
+        return {KEY: {"role": "recv", "transfer_id": self.transfer_id,
+                      "timeout_s": self.timeout_s}}
+
+
+def parse(params: object) -> SendParams | RecvParams | None:
+    """The prfaas part of a request's kv_transfer_params; None when it has none."""
+    if not isinstance(params, dict) or not isinstance(params.get(KEY), dict):
+        return None
+    p = params[KEY]
+    try:
+        tid = int(p["transfer_id"])
+        if not 0 < tid < 2**63:
+            raise ValueError(tid)
+        if p.get("role") == "send":
+            rate = p.get("rate_gbps")
+            if rate is not None and not float(rate) > 0:
+                raise ValueError(f"rate_gbps={rate}")
+            return SendParams(tid, str(p["dest_host"]), int(p["dest_port"]),
+                              None if rate is None else float(rate), bool(p.get("after_prefill")))
+        if p.get("role") == "recv":
+            return RecvParams(tid, float(p.get("timeout_s", 120.0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError("kv_transfer_params.prfaas", p, f"malformed: {exc}") from exc
+    raise ConfigError("kv_transfer_params.prfaas.role", p.get("role"), "must be send or recv")
+
+
+def fingerprint(token_ids: list[int]) -> int:
+    """crc32 of the token ids (little-endian int32): binds a transfer to its prompt."""
+    return zlib.crc32(b"".join(int(t).to_bytes(4, "little", signed=True) for t in token_ids))

@@ -1,0 +1,52 @@
+"""The single-instance reference: one standalone vLLM engine (no connector) on the same model
+with the same engine arguments as the topology's instances, greedy. `prfaas generate --engine
+vllm` prints its answer; tests compare every routed answer with it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prfaas.core.errors import PrfaasError
+from prfaas.integrations.vllm.server import VllmInstance, VllmSpec
+from prfaas.serve.topology import free_port
+from prfaas.serve.vllm_settings import VllmSettings
+
+
+def reference_spec(s: VllmSettings, port: int, cores: str | None = None) -> VllmSpec:
+    return VllmSpec(s.model_dir, port, served_name=s.served_name, kv_role=None,
+                    max_model_len=s.max_model_len, max_num_batched_tokens=s.max_num_batched_tokens,
+                    kv_cache_gib=s.kv_cache_gib, cores=cores, args=s.args)
+
+
+def complete(url: str, served_name: str, prompt: str | list[int], max_tokens: int,
+             timeout_s: float = 300.0, **extra: Any) -> dict[str, Any]:
+    """POST /v1/completions (greedy unless `extra` says otherwise); the choice, with
+    `token_ids` and `prompt_token_ids`."""
+    body = {"model": served_name, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0.0, "return_token_ids": True, **extra}
+    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            reply: dict[str, Any] = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise PrfaasError(f"vLLM answered HTTP {exc.code}: {exc.read()[:300]!r}") from exc
+    choice: dict[str, Any] = reply["choices"][0]
+    return choice
+
+
+def generate(s: VllmSettings, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
+    """Start a standalone instance, answer one prompt greedily, stop it."""
+    with tempfile.TemporaryDirectory(prefix="prfaas-vllm-ref-") as tmp:
+        inst = VllmInstance(reference_spec(s, free_port()), Path(tmp) / "vllm.log")
+        with inst:
+            choice = complete(inst.spec.url, s.served_name, prompt, max_tokens)
+    return {"text": choice.get("text", ""), "token_ids": choice.get("token_ids", []),
+            "prompt_tokens": len(choice.get("prompt_token_ids") or []),
+            "model": s.model_dir, "engine": "vllm", "finish_reason": choice.get("finish_reason")}

@@ -1,0 +1,167 @@
+"""Start and stop one vLLM OpenAI server (CPU build here, CUDA elsewhere) with PrfaasConnector.
+
+`VllmInstance(spec).start()` spawns `python -m vllm.entrypoints.openai.api_server` (the module
+form works without the `vllm` metadata shim) in its own process group, logs to a file, and
+waits until `/v1/models` answers (every probe has a timeout: a probe without one was seen to
+hang for minutes). `stop()` sends SIGTERM to the group (API server, EngineCore and Worker),
+waits, then SIGKILLs it. Nothing here imports vLLM: the router and tests use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from prfaas.core.errors import PrfaasError
+
+KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
+CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
+
+
+class VllmStartError(PrfaasError):
+    """A vLLM instance exited or did not answer in time; carries its log tail."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmSpec:
+    model_dir: str
+    port: int
+    host: str = "127.0.0.1"
+    served_name: str = "tiny"
+    kv_role: KvRole | None = None  # None: no connector (the standalone reference engine)
+    extra: dict[str, Any] = field(default_factory=dict)  # kv_connector_extra_config
+    connector: str = "PrfaasConnector"
+    connector_module: str | None = CONNECTOR_MODULE  # None: a connector built into vLLM
+    max_model_len: int = 4096
+    max_num_batched_tokens: int = 1024
+    kv_cache_gib: int = 1
+    cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
+    args: tuple[str, ...] = ("--enforce-eager",)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def kv_config(self) -> dict[str, Any] | None:
+        if self.kv_role is None:
+            return None
+        cfg: dict[str, Any] = {"kv_connector": self.connector, "kv_role": self.kv_role,
+                               "kv_connector_extra_config": dict(self.extra)}
+        if self.connector_module:
+            cfg["kv_connector_module_path"] = self.connector_module
+        return cfg
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+               "--model", self.model_dir, "--host", self.host, "--port", str(self.port),
+               "--served-model-name", self.served_name, "--max-model-len",
+               str(self.max_model_len), "--max-num-batched-tokens",
+               str(self.max_num_batched_tokens), "--seed", "0",
+               "--enable-prompt-tokens-details", *self.args]  # usage reports cached tokens
+        kv = self.kv_config()
+        if kv is not None:
+            cmd += ["--kv-transfer-config", json.dumps(kv)]
+        return cmd
+
+    def environ(self) -> dict[str, str]:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE":
+               str(self.kv_cache_gib), "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+        if self.cores is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cores
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        env.update(self.env)
+        return env
+
+
+class VllmInstance:
+    def __init__(self, spec: VllmSpec, log_path: str | Path) -> None:
+        self.spec = spec
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> VllmInstance:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def spawn(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 (owned by the child)
+        self.proc = subprocess.Popen(self.spec.command(), stdout=log, stderr=subprocess.STDOUT,
+                                     env=self.spec.environ(), start_new_session=True)
+        log.close()
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        if self.proc is None:
+            self.spawn()
+        self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ready(self.spec.url):
+            if self.proc is not None and self.proc.poll() is not None:
+                raise VllmStartError(f"vLLM on port {self.spec.port} exited with code "
+                                     f"{self.proc.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise VllmStartError(f"vLLM on port {self.spec.port} not ready after "
+                                     f"{timeout_s:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, num_bytes: int = 4000) -> str:
+        if not self.log_path.exists():
+            return ""
+        return self.log_path.read_bytes()[-num_bytes:].decode(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once (a crash, for fault tests)."""
+        if self.alive():
+            assert self.proc is not None
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+            except ProcessLookupError:
+                pass
+        _reap_group(self.proc.pid)
+        self.proc = None
+
+
+def _reap_group(pgid: int) -> None:
+    """SIGKILL what is left of the group (vLLM's EngineCore/Worker children)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

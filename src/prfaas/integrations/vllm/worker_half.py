@@ -1,0 +1,312 @@
+"""PrfaasConnector's worker half (runs in vLLM's Worker process, beside the model).
+
+Producer: `save_kv_layer` (called by each attention layer during the forward) copies the blocks
+the step completed out of that layer's paged cache and queues them on the sender thread, so the
+layer leaves while the next one computes; `wait_for_save` adds, on the prompt's last step, each
+Mamba/GDN layer's state slot and the END. A `meta` tensor opens every transfer: token count,
+prompt fingerprint and cache-layout fingerprint, which the consumer checks.
+Consumer: a receiver thread scatters each arriving tensor into the destination blocks (tensors
+that arrive before the scheduler assigned them are held); a transfer ends as received only when
+the wire says complete AND every block and state it needed was written and every check passed.
+Anything else (peer gone, corrupt frame, timeout, mismatch) is a failed load: vLLM finishes the
+request with an error, and the router retries it elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from prfaas.integrations.vllm.blocks import (
+    block_dim,
+    from_wire,
+    gather,
+    scatter,
+    state_parts,
+    to_wire,
+)
+from prfaas.integrations.vllm.link import Abort, Finish, RecvLink, SendLink, Tensor
+from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata, SaveJob
+from prfaas.transport.receiver import ReceiverConfig
+from prfaas.transport.sender import SenderConfig
+
+META = "meta"
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def layer_index(name: str, fallback: int) -> int:
+    m = _LAYER.search(name)
+    return int(m.group(1)) if m else fallback
+
+
+@dataclass(slots=True)
+class _Incoming:
+    job: LoadJob | None = None
+    held: list[tuple[int, str, np.ndarray]] = field(default_factory=list)
+    blocks: dict[int, set[int]] = field(default_factory=dict)  # layer -> block indexes written
+    states: set[int] = field(default_factory=set)  # layers whose state was written
+    meta_ok: bool = False
+    error: str | None = None
+    first_s: float | None = None
+
+
+class WorkerHalf:
+    def __init__(self, kv_cache_config: Any, extra: dict[str, Any], producer: bool,
+                 consumer: bool) -> None:
+        self.config = kv_cache_config
+        self.groups = kv_cache_config.kv_cache_groups
+        self.group_of: dict[str, int] = {n: g for g, grp in enumerate(self.groups)
+                                         for n in grp.layer_names}
+        self.caches: dict[str, Any] = {}
+        self.index_of: dict[str, int] = {}
+        self.name_of: dict[int, str] = {}
+        self._trace_path = extra.get("trace_path")
+        self._trace_lock = threading.Lock()
+        self.send: SendLink | None = None
+        self.recv: RecvLink | None = None
+        self._lock = threading.Lock()
+        self._incoming: dict[int, _Incoming] = {}
+        self._reported: set[int] = set()
+        self._aborted_reqs: set[str] = set()
+        self._meta_sent: set[int] = set()
+        self._held: dict[int, list[Tensor]] = {}  # after_prefill transfers' tensors
+        if producer:
+            rate = extra.get("rate_gbps")
+            self.send = SendLink(SenderConfig(
+                num_connections=int(extra.get("connections", 4)),
+                rate_gbps=None if rate is None else float(rate),
+                chunk_bytes=int(extra.get("chunk_bytes", 2**20))))
+        if consumer:
+            self.recv = RecvLink(ReceiverConfig(
+                host=str(extra.get("kv_host", "127.0.0.1")), port=int(extra["kv_port"]),
+                frame_timeout_s=float(extra.get("frame_timeout_s", 30.0))), self._on_tensor)
+
+    # -- setup --------------------------------------------------------------------------
+    def register(self, kv_caches: dict[str, Any]) -> None:
+        self.caches = dict(kv_caches)
+        for i, name in enumerate(sorted(kv_caches)):
+            self.index_of[name] = layer_index(name, i)
+        self.name_of = {i: n for n, i in self.index_of.items()}
+
+    def layout_fingerprint(self) -> int:
+        parts = []
+        for name in sorted(self.caches):
+            for t in state_parts(self.caches[name]):
+                parts.append(f"{self.index_of[name]}:{tuple(t.shape[1:])}:{t.dtype}")
+        return zlib.crc32(";".join(parts).encode())
+
+    def _dim(self, t: torch.Tensor) -> int:
+        return block_dim(t, self.config.num_blocks)
+
+    def trace(self, **event: Any) -> None:
+        if self._trace_path:
+            line = json.dumps({"t": time.monotonic(), **event})
+            with self._trace_lock, open(self._trace_path, "a") as f:
+                f.write(line + "\n")
+
+    # -- producer -----------------------------------------------------------------------
+    def save_layer(self, meta: PrfaasMetadata, layer_name: str, kv_layer: torch.Tensor) -> None:
+        assert self.send is not None
+        g = self.group_of.get(layer_name)
+        if g is None:
+            return
+        layer = self.index_of[layer_name]
+        for job in meta.saves:
+            self._send_meta(job)
+            ids, start = job.blocks[g]
+            if not ids:
+                continue
+            array, bf16 = to_wire(gather(kv_layer, ids, self._dim(kv_layer)))
+            self._submit(job, Tensor(job.transfer_id, layer, f"b{start}", array, bf16))
+            self.trace(side="send", tid=job.transfer_id, ev="layer", layer=layer,
+                       blocks=len(ids), bytes=int(array.nbytes))
+
+    def _send_meta(self, job: SaveJob) -> None:
+        assert self.send is not None
+        if not job.first or job.transfer_id in self._meta_sent:
+            return
+        self._meta_sent.add(job.transfer_id)
+        info = np.array([job.num_tokens, job.fingerprint, self.layout_fingerprint()], np.int64)
+        self._submit(job, Tensor(job.transfer_id, 0, META, info))
+
+    def _submit(self, job: SaveJob, item: Tensor) -> None:
+        assert self.send is not None
+        if job.after_prefill:
+            self._held.setdefault(job.transfer_id, []).append(item)
+        else:
+            self.send.submit(job.dest, item, job.rate_gbps)
+
+    def end_step(self, meta: PrfaasMetadata) -> None:
+        """wait_for_save: on a prompt's last step, its recurrent states, then END."""
+        assert self.send is not None
+        for job in meta.saves:
+            self._send_meta(job)
+            if not job.last:
+                continue
+            for name in sorted(self.caches, key=self.index_of.__getitem__):
+                g = self.group_of.get(name)
+                slot = job.state_blocks[g] if g is not None and job.state_blocks else None
+                if slot is None:
+                    continue
+                for k, part in enumerate(state_parts(self.caches[name])):
+                    array, bf16 = to_wire(part[slot : slot + 1])
+                    self._submit(job, Tensor(job.transfer_id, self.index_of[name], f"s{k}",
+                                             array, bf16))
+            for item in self._held.pop(job.transfer_id, []):  # send-after-prefill baseline
+                self.send.submit(job.dest, item, job.rate_gbps)
+            self.send.submit(job.dest, Finish(job.transfer_id), job.rate_gbps)
+            self._meta_sent.discard(job.transfer_id)
+            self.trace(side="send", tid=job.transfer_id, ev="prefill_end")
+        for tid, dest, rate in meta.abort_sends:
+            self._held.pop(tid, None)
+            self._meta_sent.discard(tid)
+            self.send.submit(dest, Abort(tid, "the prefill request ended before its prompt"),
+                             rate)
+        for r in self.send.drain():
+            self.trace(side="send", tid=r.transfer_id, ev="sent", error=r.error, done=r.done_s)
+
+    # -- consumer -----------------------------------------------------------------------
+    def start_loads(self, meta: PrfaasMetadata) -> None:
+        assert self.recv is not None
+        for job in meta.loads:
+            with self._lock:
+                inc = self._incoming.setdefault(job.transfer_id, _Incoming())
+                inc.job = job
+                held, inc.held = inc.held, []
+                for layer, name, array in held:
+                    self._apply(inc, layer, name, array)
+            self.recv.expect(job.transfer_id, job.timeout_s)
+        for tid in meta.aborted:
+            with self._lock:
+                gone = self._incoming.pop(tid, None)
+                if gone is None or gone.job is None or tid in self._reported:
+                    continue
+                self._reported.add(tid)
+                inc = gone
+                self._aborted_reqs.add(gone.job.req_id)
+            self.recv.forget(tid)
+
+    def _on_tensor(self, tid: int, layer: int, name: str, array: np.ndarray) -> None:
+        with self._lock:
+            inc = self._incoming.setdefault(tid, _Incoming())
+            if inc.first_s is None:
+                inc.first_s = time.monotonic()
+            if inc.job is None:
+                inc.held.append((layer, name, array.copy()))
+            else:
+                self._apply(inc, layer, name, array)
+        self.trace(side="recv", tid=tid, ev="tensor", layer=layer, name=name)
+
+    def _apply(self, inc: _Incoming, layer: int, name: str, array: np.ndarray) -> None:
+        """Write one tensor into the paged caches (holding the lock); errors fail the load."""
+        job = inc.job
+        assert job is not None
+        if inc.error is not None:
+            return
+        try:
+            if name == META:
+                self._check_meta(job, array)
+                inc.meta_ok = True
+            elif name.startswith("b"):
+                self._apply_blocks(inc, job, layer, int(name[1:]), array)
+            elif name.startswith("s"):
+                cache = self._cache(layer)
+                g = self.group_of[self.name_of[layer]]
+                slot = job.state_blocks[g]
+                if slot is None:
+                    raise ValueError(f"layer {layer} got a state but is not a Mamba layer")
+                part = state_parts(cache)[int(name[1:])]
+                scatter(part, [slot], 0, from_wire(array, part))
+                inc.states.add(layer)
+            else:
+                raise ValueError(f"unknown tensor {name!r}")
+        except Exception as exc:
+            inc.error = f"layer {layer} {name}: {type(exc).__name__}: {exc}"
+
+    def _cache(self, layer: int) -> Any:
+        name = self.name_of.get(layer)
+        if name is None:
+            raise ValueError(f"layer {layer} is not a layer of this model")
+        return self.caches[name]
+
+    def _check_meta(self, job: LoadJob, array: np.ndarray) -> None:
+        n, fp, layout = (int(v) for v in array.reshape(-1)[:3])
+        if n != job.num_tokens:
+            raise ValueError(f"sender computed {n} tokens, this request needs {job.num_tokens}")
+        if fp != job.fingerprint:
+            raise ValueError("prompt fingerprint differs: the KV is of another prompt")
+        if layout != self.layout_fingerprint():
+            raise ValueError("cache layout fingerprint differs: another model or cache config")
+
+    def _apply_blocks(self, inc: _Incoming, job: LoadJob, layer: int, start: int,
+                      array: np.ndarray) -> None:
+        cache = self._cache(layer)
+        g = self.group_of[self.name_of[layer]]
+        bs = self.groups[g].kv_cache_spec.block_size
+        dim = self._dim(cache)
+        data = from_wire(array, cache)
+        n = data.shape[dim]
+        dest = job.block_ids[g][start : start + n]
+        if len(dest) != n:
+            raise ValueError(f"blocks {start}..{start + n} beyond the {len(job.block_ids[g])} "
+                             "allocated")
+        keep = [j for j in range(n) if start + j >= job.skip_tokens // bs]
+        if keep:
+            scatter(cache, [dest[j] for j in keep], dim,
+                    data.index_select(dim, torch.tensor(keep, dtype=torch.long)))
+        inc.blocks.setdefault(layer, set()).update(range(start, start + n))
+
+    def _complete(self, inc: _Incoming) -> str | None:
+        """Why a wire-complete transfer is still not a valid load (None: it is)."""
+        job = inc.job
+        assert job is not None
+        if inc.error is not None:
+            return inc.error
+        if not inc.meta_ok:
+            return "no meta tensor: sender is not a matching prfaas connector"
+        for name, g in self.group_of.items():
+            spec = self.groups[g].kv_cache_spec
+            layer = self.index_of.get(name)
+            if layer is None:
+                continue
+            if job.state_blocks and job.state_blocks[g] is not None:
+                if layer not in inc.states:
+                    return f"layer {layer}: recurrent state missing"
+                continue
+            need = set(range(-(-job.num_tokens // spec.block_size)))
+            missing = need - inc.blocks.get(layer, set())
+            if missing:
+                return f"layer {layer}: blocks {sorted(missing)[:4]} missing"
+        return None
+
+    def results(self) -> tuple[set[str], set[str]]:
+        """(finished, failed) request ids since the last call: each transfer reported once."""
+        assert self.recv is not None
+        finished, failed = set(self._aborted_reqs), set()
+        self._aborted_reqs.clear()
+        for r in self.recv.drain():
+            with self._lock:
+                inc = self._incoming.pop(r.transfer_id, None)
+                if inc is None or inc.job is None or r.transfer_id in self._reported:
+                    continue
+                self._reported.add(r.transfer_id)
+                why = r.error or self._complete(inc)
+            finished.add(inc.job.req_id)
+            if why is not None:
+                failed.add(inc.job.req_id)
+            self.trace(side="recv", tid=r.transfer_id, ev="done", error=why,
+                       first=inc.first_s, done=r.done_s)
+        return finished, failed
+
+    def shutdown(self) -> None:
+        for link in (self.send, self.recv):
+            if link is not None:
+                link.stop()

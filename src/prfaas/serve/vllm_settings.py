@@ -1,0 +1,84 @@
+"""The `vllm:` section of a topology whose workers run `engine: vllm` (docs/vllm.md).
+
+```yaml
+vllm:
+  model: {arch: llama, dir: out/vllm-models/llama, seed: 0}  # built by `prfaas serve` if missing
+  served_name: tiny
+  max_model_len: 4096
+  max_num_batched_tokens: 1024   # prompts longer than this are prefilled in chunks
+  kv_cache_gib: 1                # VLLM_CPU_KVCACHE_SPACE (the CPU build's KV cache)
+  block_size_tokens: 128         # the router hashes prompts in blocks of this size
+  args: ["--enforce-eager"]      # more vLLM server arguments, for every instance
+```
+Per worker: `cores` ("0", "0-1": VLLM_CPU_OMP_THREADS_BIND) and `vllm_args` (appended).
+A relative `model.dir` is resolved against the topology file's folder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prfaas.core.errors import ConfigError
+
+ARCHS = ("llama", "qwen3_next")
+_KEYS = {"model", "served_name", "max_model_len", "max_num_batched_tokens", "kv_cache_gib",
+         "block_size_tokens", "args"}
+
+
+@dataclass(frozen=True, slots=True)
+class VllmSettings:
+    arch: str = "llama"
+    model_dir: str = "out/vllm-models/llama"
+    model_seed: int = 0
+    served_name: str = "tiny"
+    max_model_len: int = 4096
+    max_num_batched_tokens: int = 1024
+    kv_cache_gib: int = 1
+    block_size_tokens: int = 128
+    args: tuple[str, ...] = ("--enforce-eager",)
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ConfigError("vllm.model.arch", self.arch, f"unknown; known: {', '.join(ARCHS)}")
+        for key in ("max_model_len", "max_num_batched_tokens", "kv_cache_gib",
+                    "block_size_tokens"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"vllm.{key}", getattr(self, key), "must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": {"arch": self.arch, "dir": self.model_dir, "seed": self.model_seed},
+                "served_name": self.served_name, "max_model_len": self.max_model_len,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "kv_cache_gib": self.kv_cache_gib, "block_size_tokens": self.block_size_tokens,
+                "args": list(self.args)}
+
+
+def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError("vllm", raw, "must be a mapping")
+    unknown = sorted(set(raw) - _KEYS)
+    if unknown:
+        raise ConfigError("vllm", unknown[0], f"unknown key; allowed: {', '.join(sorted(_KEYS))}")
+    model = raw.get("model") or {}
+    if not isinstance(model, dict) or set(model) - {"arch", "dir", "seed"}:
+        raise ConfigError("vllm.model", model, "must be a mapping of arch, dir, seed")
+    arch = str(model.get("arch", "llama"))
+    # abspath, not resolve: a symlinked topologies/ folder keeps its place in the tree
+    model_dir = os.path.abspath(os.path.join(base or Path.cwd(),
+                                             str(model.get("dir", f"out/vllm-models/{arch}"))))
+    args = raw.get("args", ["--enforce-eager"])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ConfigError("vllm.args", args, "must be a list of strings")
+    try:
+        return VllmSettings(
+            arch, model_dir, int(model.get("seed", 0)),
+            str(raw.get("served_name", "tiny")), int(raw.get("max_model_len", 4096)),
+            int(raw.get("max_num_batched_tokens", 1024)), int(raw.get("kv_cache_gib", 1)),
+            int(raw.get("block_size_tokens", 128)), tuple(args))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError("vllm", raw, f"bad value: {exc}") from exc

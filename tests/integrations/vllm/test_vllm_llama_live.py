@@ -1,0 +1,226 @@
+"""Live: prfaas router + 3 vLLM instances (tiny Llama) + a standalone reference instance.
+
+One deployment for the whole module (each vLLM instance takes 35-200 s to start here). Checks:
+greedy exactness on both routes against the single-instance engine (prompts shorter than a
+block, several blocks, longer than max_num_batched_tokens so the prefill is chunked), routing by
+the threshold, cached tokens on a repeated prompt, /metrics, layer-wise timestamps, and faults:
+a corrupted frame and a prefill instance killed mid-transfer, both retried locally with the
+right tokens while the decode instance keeps serving.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (make vllm installs the extra)")
+
+from vllm_live import (  # noqa: E402
+    ExtraRouter,
+    build,
+    deployment,
+    kill_tree,
+    prompts,
+    routed,
+    topology,
+    trace,
+    workdir,
+)
+
+# below one block (128), several blocks, around t=1024, beyond max_num_batched_tokens=1024
+LENGTHS = [5, 60, 127, 129, 200, 256, 300, 450, 600, 800, 1000, 1023, 1100, 1300, 1500, 1800,
+           2048, 2300, 2600, 3000]
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[dict[str, Any]]:
+    with workdir("vllm-llama") as root:
+        yield from _live(root)
+
+
+def _live(root: Path) -> Iterator[dict[str, Any]]:
+    model = build("llama", root)
+    topo = topology("vllm-local-llama.yaml", model)
+    with deployment(topo, root / "logs") as (dep, ref, traces):
+        assert ref is not None
+        routers = {name: ExtraRouter(dep, root / "logs", name, policy=name, policy_args={})
+                   for name in ("all-pd", "all-prfaas")}
+        try:
+            yield {"dep": dep, "ref": ref, "traces": traces, "routers": routers,
+                   "logs": root / "logs"}
+        finally:
+            for r in routers.values():
+                r.stop()
+
+
+def reference(live: dict[str, Any], prompt: list[int], max_tokens: int = MAX_TOKENS
+              ) -> list[int]:
+    from prfaas.integrations.vllm.reference import complete
+
+    ids: list[int] = complete(live["ref"].spec.url, "tiny", prompt, max_tokens)["token_ids"]
+    return ids
+
+
+def test_greedy_tokens_equal_the_single_instance_engine_on_both_routes(live: dict) -> None:
+    mismatches = []
+    for i, prompt in enumerate(prompts(LENGTHS, seed=1)):
+        want = reference(live, prompt)
+        assert len(want) == MAX_TOKENS
+        for route, router in (("pd", live["routers"]["all-pd"]),
+                              ("prfaas", live["routers"]["all-prfaas"])):
+            reply = routed(router.url, prompt, MAX_TOKENS)
+            p = reply["prfaas"]
+            assert p["route"] == route and not p["retried"], p
+            if p["token_ids"] != want:
+                mismatches.append((i, len(prompt), route, p["token_ids"], want))
+    assert not mismatches, mismatches
+
+
+def test_threshold_routes_short_local_long_prfaas_and_counts_cached(live: dict) -> None:
+    url = live["dep"].url
+    short, long_ = prompts([300, 2000], seed=2)
+    assert routed(url, short, 4)["prfaas"]["route"] == "pd"
+    first = routed(url, long_, 4)["prfaas"]
+    assert first["route"] == "prfaas" and first["prefill_node"] == "prfaas-0"
+    again = routed(url, long_, 4)["prfaas"]
+    # the PrfaaS instance holds the prompt's full blocks now: vLLM reports them cached
+    assert again["cached_tokens"] >= 1920, again
+    assert again["token_ids"] == first["token_ids"]
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    assert 'route="prfaas"' in metrics and 'route="pd"' in metrics
+
+
+def test_text_prompt_is_tokenized_like_vllm(live: dict) -> None:
+    reply = routed(live["dep"].url, "the prefill cluster ships kv cache over a long link", 8)
+    assert reply["prfaas"]["token_ids"] == reference_text(live, 8)
+
+
+def reference_text(live: dict, n: int) -> list[int]:
+    from prfaas.integrations.vllm.reference import complete
+
+    ids: list[int] = complete(live["ref"].spec.url, "tiny",
+                              "the prefill cluster ships kv cache over a long link", n)["token_ids"]
+    return ids
+
+
+def test_first_layer_kv_arrives_before_the_prefill_ends(live: dict) -> None:
+    """One 1000-token chunk: layer 0's blocks reach the decoder while layers 1-3 compute."""
+    [prompt] = prompts([1000], seed=3)
+    routed(live["routers"]["all-prfaas"].url, prompt, 2)
+    sent = [e for e in trace(live["traces"], "prfaas-0") if e["ev"] == "prefill_end"]
+    tid = sent[-1]["tid"]
+    prefill_end = sent[-1]["t"]
+    layers = [e for e in trace(live["traces"], "prfaas-0") if e["tid"] == tid
+              and e["ev"] == "layer"]
+    arrived = {e["layer"]: e["t"] for e in trace(live["traces"], "pdd-0")
+               if e["tid"] == tid and e["ev"] == "tensor" and e["name"].startswith("b")}
+    assert [e["layer"] for e in layers] == [0, 1, 2, 3]
+    assert arrived[0] < layers[-1]["t"] < prefill_end  # layer 0 in before layer 3 was computed
+    assert arrived[0] < arrived[3]
+
+
+class CorruptingProxy:
+    """TCP proxy to the decoder's KV port that flips byte 200 of the first connection that
+    gets that far (inside a frame: a 116-byte header, then payload), once: the receiver's
+    crc32 must catch it. Later connections (the local retry's) pass untouched."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.lsock.getsockname()[1]
+        self.corrupted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.lsock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False),
+                             daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, corrupt: bool) -> None:
+        seen = 0
+        try:
+            while data := src.recv(65536):
+                if corrupt and not self.corrupted and seen <= 200 < seen + len(data):
+                    buf = bytearray(data)
+                    buf[200 - seen] ^= 0xFF
+                    data = bytes(buf)
+                    self.corrupted += 1
+                seen += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                s.close()
+
+    def close(self) -> None:
+        self.lsock.close()
+
+
+def test_corrupted_frame_is_retried_locally_with_correct_tokens(live: dict) -> None:
+    dep = live["dep"]
+    dec = dep.topology.worker("pdd-0")
+    proxy = CorruptingProxy(dec.kv_port)
+    import dataclasses
+
+    workers = tuple(dataclasses.replace(w, kv_port=proxy.port) if w.name == "pdd-0" else w
+                    for w in dep.topology.workers)
+    router = ExtraRouter(dep, live["logs"], "corrupt", policy="all-prfaas", policy_args={},
+                         workers=workers)
+    try:
+        [prompt] = prompts([700], seed=4)
+        reply = routed(router.url, prompt, MAX_TOKENS)
+        p = reply["prfaas"]
+        assert proxy.corrupted == 1
+        assert p["retried"] and p["route"] == "pd", p
+        assert p["token_ids"] == reference(live, prompt)
+        errors = [e for e in trace(live["traces"], "pdd-0") if e["ev"] == "done" and e["error"]]
+        assert any("crc32" in e["error"] or "Checksum" in e["error"] for e in errors), errors
+    finally:
+        router.stop()
+        proxy.close()
+    # the decoder keeps serving, over the normal path
+    [after] = prompts([1500], seed=5)
+    assert routed(live["routers"]["all-prfaas"].url, after, 8)["prfaas"]["token_ids"] == (
+        reference(live, after, 8))
+
+
+def test_prefill_instance_killed_mid_transfer_is_retried_locally(live: dict) -> None:
+    dep = live["dep"]
+    [prompt] = prompts([3000], seed=6)
+    want = reference(live, prompt)
+    before = len(trace(live["traces"], "pdd-0"))
+    result: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: result.update(
+        routed(live["routers"]["all-prfaas"].url, prompt, MAX_TOKENS)))
+    worker.start()
+    deadline = time.monotonic() + 300
+    while not any(e["ev"] == "tensor" for e in trace(live["traces"], "pdd-0")[before:]):
+        assert time.monotonic() < deadline, "no KV reached the decoder"
+        time.sleep(0.05)
+    kill_tree(dep.pid("prfaas-0"))  # KV is streaming: the prefill instance dies mid-transfer
+    worker.join(600)
+    p = result["prfaas"]
+    assert p["retried"] and p["route"] == "pd", p
+    assert p["token_ids"] == want
+    [after] = prompts([400], seed=7)
+    assert routed(live["routers"]["all-pd"].url, after, 8)["prfaas"]["token_ids"] == (
+        reference(live, after, 8))
+    assert Path(dep.log_dir / "pdd-0.log").exists()

@@ -1,0 +1,158 @@
+"""Helpers of the live vLLM tests: a deployment of a vLLM topology on free ports with traces,
+extra routers (other policies) over the same instances, a standalone reference instance, and
+requests. Every process is stopped by pid (process group) when its fixture ends."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prfaas.integrations.vllm.model_builder import ensure_model
+from prfaas.integrations.vllm.reference import reference_spec
+from prfaas.integrations.vllm.server import VllmInstance
+from prfaas.serve.launcher import Deployment
+from prfaas.serve.topology import Topology, free_port, load_topology
+
+ROOT = Path(__file__).resolve().parents[3]
+SERVED = "tiny"
+
+
+def topology(name: str, model_dir: Path, **overrides: Any) -> Topology:
+    topo = load_topology(ROOT / "topologies" / name)
+    assert topo.vllm is not None
+    vllm = dataclasses.replace(topo.vllm, model_dir=str(model_dir))
+    workers = tuple(dataclasses.replace(w, port=0, kv_port=0) for w in topo.workers)
+    return dataclasses.replace(topo, vllm=vllm, workers=workers, router_port=0, **overrides)
+
+
+def build(arch: str, root: Path) -> Path:
+    return ensure_model(arch, root / arch, seed=0)
+
+
+@contextlib.contextmanager
+def workdir(name: str) -> Iterator[Path]:
+    """A private temp dir (not pytest's basetemp: concurrent pytest runs on one host prune
+    each other's old basetemps, and these instances live for a whole module)."""
+    path = Path(tempfile.mkdtemp(prefix=f"prfaas-{name}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def deployment(topo: Topology, log_dir: Path, with_reference: bool = True
+               ) -> Iterator[tuple[Deployment, VllmInstance | None, Path]]:
+    """The topology's instances + router, and (started alongside) a standalone reference."""
+    trace_dir = log_dir / "traces"
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    ref: VllmInstance | None = None
+    if with_reference:
+        assert topo.vllm is not None
+        ref = VllmInstance(reference_spec(topo.vllm, free_port(), cores="1"),
+                           log_dir / "reference.log")
+        ref.spawn()
+    os.environ["PRFAAS_VLLM_TRACE_DIR"] = str(trace_dir)
+    dep = Deployment(topo, log_dir, start_timeout_s=900)
+    try:
+        dep.start()
+        if ref is not None:
+            ref.wait_ready(900)
+        yield dep, ref, trace_dir
+    finally:
+        os.environ.pop("PRFAAS_VLLM_TRACE_DIR", None)
+        dep.stop(timeout_s=30)
+        if ref is not None:
+            ref.stop()
+
+
+class ExtraRouter:
+    """Another router process over the deployment's instances (e.g. all-pd / all-prfaas)."""
+
+    def __init__(self, dep: Deployment, log_dir: Path, name: str, **overrides: Any) -> None:
+        topo = dataclasses.replace(dep.topology, router_port=free_port(), **overrides)
+        self.url = topo.router_url
+        path = log_dir / f"topology.{name}.yaml"
+        topo.dump(path)
+        log = open(log_dir / f"router-{name}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "prfaas.serve.proc", "--topology",
+                                      str(path), "--name", "router"], stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + 120
+        while not _healthy(self.url):
+            assert self.proc.poll() is None, (log_dir / f"router-{name}.log").read_text()
+            assert time.monotonic() < deadline, f"router {name} not healthy"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def post(url: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def routed(url: str, prompt: list[int] | str, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    status, reply = post(url, {"model": SERVED, "prompt": prompt, "max_tokens": max_tokens,
+                               "temperature": 0, **extra})
+    assert status == 200, reply
+    return reply
+
+
+def prompts(lengths: list[int], seed: int) -> list[list[int]]:
+    """Token-id prompts (ids 3..999: no special tokens), one per length."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
+
+
+def trace(trace_dir: Path, worker: str) -> list[dict[str, Any]]:
+    path = trace_dir / f"{worker}.trace"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once (a crashed vLLM instance)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    victims = [*proc.children(recursive=True), proc]
+    for p in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
