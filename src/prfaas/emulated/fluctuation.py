@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from prfaas.core.errors import ConfigError
-from prfaas.emulated.runs import RunRecord, from_sim, live
+from prfaas.emulated.runs import RunRecord, deployed, from_sim, live
 from prfaas.emulated.scales import Scales
 from prfaas.emulated.topology import emulated_system
 from prfaas.scenario import load_scenario
@@ -123,7 +123,7 @@ def fluctuation_live(scales: Scales | None = None, plan: DipPlan | None = None,
         args = {"controller": ctl} if policy.endswith("+controller") else {}
         es = emulated_system(s, "prfaas_pd", sc, link_emulation="netns", policy=policy,
                              policy_args=args, n_p=N_P, n_d=N_D)
-        with Deployment(es.topology, start_timeout_s=300.0) as dep:
+        with deployed(es.topology) as dep:
             tick(f"{policy}: deployment up")
             stop = threading.Event()
             thread = _schedule_thread(dep, points, time.perf_counter(), stop)

@@ -20,12 +20,11 @@ from typing import Any
 
 from prfaas.bench.calibration import per_request_error
 from prfaas.emulated.probe import Search
-from prfaas.emulated.runs import RunRecord, live, probe_workload, simulated
+from prfaas.emulated.runs import RunRecord, deployed, live, probe_workload, simulated
 from prfaas.emulated.scales import Scales
 from prfaas.emulated.topology import EmulatedSystem, emulated_system
 from prfaas.planner.search import plan_all
 from prfaas.scenario import Scenario
-from prfaas.serve.launcher import Deployment
 from prfaas.sim.capacity import find_capacity
 from prfaas.workload.arrivals import make_arrivals
 
@@ -96,7 +95,7 @@ class SystemRun:
         return same, search.probes, standard
 
     def live_phase(self, start_rps: float, common_rps: float) -> dict[str, Any]:
-        with Deployment(self.es.topology, self.log_dir, start_timeout_s=300.0) as dep:
+        with deployed(self.es.topology, self.log_dir) as dep:
             self.tick(f"{self.es.system}: deployment up")
             pids = [p.pid for p in dep.procs.values()]
             model = self._model_name()

@@ -12,8 +12,12 @@ KV bytes that crossed the inter-DC link.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +26,7 @@ import numpy as np
 from prfaas.bench.loadgen import Result, run_load
 from prfaas.bench.workload import BenchRequest
 from prfaas.emulated.probe import ProbeResult, judge
+from prfaas.serve.launcher import Deployment
 from prfaas.sim.run import simulate
 from prfaas.sim.system import SystemConfig
 from prfaas.workload.arrivals import make_arrivals
@@ -29,6 +34,21 @@ from prfaas.workload.requests import Workload, synthetic
 
 _LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
 REQUEST_TIMEOUT_S = 900.0
+
+
+@contextlib.contextmanager
+def deployed(topology: Any, log_dir: Any = None) -> Iterator[Deployment]:
+    """A started Deployment, stopped afterwards; a stop that times out on a loaded host (a
+    killed process not yet reaped) is reported, not raised, so the measured runs are kept."""
+    dep = Deployment(topology, log_dir, start_timeout_s=300.0)
+    dep.start()
+    try:
+        yield dep
+    finally:
+        try:
+            dep.stop()
+        except subprocess.TimeoutExpired as exc:
+            print(f"warning: stopping the deployment: {exc}", file=sys.stderr)
 
 
 def probe_workload(lengths: Any, output_tokens: int, rate_rps: float, n: int, seed: int
