@@ -52,7 +52,8 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest
 
-test: lint typecheck unit
+# `vllm` first: with the extra installed the live vLLM tests run (tests/integrations/vllm/)
+test: vllm lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

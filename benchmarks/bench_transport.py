@@ -9,8 +9,12 @@ receiver's completion timestamp (time.monotonic, one clock for both processes on
 content is checked by a crc32 digest computed on both sides. Baselines (transport_baselines.py):
 N blocking connections, one thread each side per connection, sendall / recv_into into a
 preallocated buffer, no framing; connections (and handshakes) are opened before the clock
-starts, as for prfaas. Goodput counts tensor bytes only (headers excluded). Medians over
-repeats. Certificates: a fresh CA from `prfaas.security.certs` in a temp dir (removed after).
+starts, as for prfaas. `prfaas_plaintext_arena`: the same prfaas plaintext transfer into a
+receiver whose buffers come from one pre-touched arena (`process.arena_allocator`, what a KV
+pool gives a decode worker), like the baselines' preallocated buffer; the default receiver
+allocates fresh arrays and pays first-touch page faults. Goodput counts tensor bytes only
+(headers excluded). Medians over repeats. Certificates: a fresh CA from
+`prfaas.security.certs` in a temp dir (removed after).
 Writes benchmarks/results/transport.json.
 
     .venv/bin/python benchmarks/bench_transport.py [--quick]
@@ -41,7 +45,7 @@ from prfaas.core.units import MIB, bytes_per_s_to_gbps
 from prfaas.security.certs import Member, init_certs
 from prfaas.security.tls import Identity, server_context_for
 from prfaas.transport import KVSender, SenderConfig
-from prfaas.transport.process import ReceiverProcess, digest_arrays
+from prfaas.transport.process import ReceiverProcess, arena_allocator, digest_arrays
 from transport_baselines import Baseline
 
 LAYER_BYTES = 8 * MIB
@@ -134,14 +138,18 @@ def side_by_side(buf: np.ndarray, size: int, repeats: int, tls_dir: str) -> dict
     on this shared host hits all four alike (the ratios are what we read)."""
     layers = _layers(buf, size)
     factory = functools.partial(server_context_for, tls_dir, "rx")
+    arena = functools.partial(arena_allocator, 2 * size)
     plain, plain_tls = Baseline(size), Baseline(size, tls_dir)
     table: dict[str, Any] = {k: [] for k in ("plain_socket", "plain_tls_socket",
-                                             "prfaas_plaintext", "prfaas_tls")}
+                                             "prfaas_plaintext", "prfaas_tls",
+                                             "prfaas_plaintext_arena")}
     rid = 0
     try:
-        with ReceiverProcess() as rx, ReceiverProcess(tls=factory) as rx_tls:
+        with ReceiverProcess() as rx, ReceiverProcess(tls=factory) as rx_tls, \
+                ReceiverProcess(allocate=arena) as rx_arena:
             for rid in (1, 2):  # warm-up: first-touch page faults on fresh buffers
                 asyncio.run(_transfer(rx.port, rx, rid, SenderConfig(), layers))
+                asyncio.run(_transfer(rx_arena.port, rx_arena, rid, SenderConfig(), layers))
                 asyncio.run(_transfer(rx_tls.port, rx_tls, rid, SenderConfig(), layers,
                                       tls_dir))
             for n in CONNECTIONS:
@@ -155,9 +163,11 @@ def side_by_side(buf: np.ndarray, size: int, repeats: int, tls_dir: str) -> dict
                         asyncio.run(_transfer(rx.port, rx, rid, cfg, layers)))
                     runs["prfaas_tls"].append(
                         asyncio.run(_transfer(rx_tls.port, rx_tls, rid, cfg, layers, tls_dir)))
+                    runs["prfaas_plaintext_arena"].append(
+                        asyncio.run(_transfer(rx_arena.port, rx_arena, rid, cfg, layers)))
                 for key in ("plain_socket", "plain_tls_socket"):
                     table[key].append(_plain_row(runs[key], n, size))
-                for key in ("prfaas_plaintext", "prfaas_tls"):
+                for key in ("prfaas_plaintext", "prfaas_tls", "prfaas_plaintext_arena"):
                     table[key].append(_prfaas_row(runs[key], n))
                 print(f"{n} connections: " + ", ".join(
                     f"{k} {table[k][-1]['goodput_gbps']:.2f}" for k in table) + " Gbps")
@@ -178,6 +188,9 @@ def ratios(table: dict[str, Any]) -> dict[str, Any]:
                                                                                   strict=True)]
     out["prfaas_tls_over_plain_tls_socket"] = [round(a / b, 3) for a, b in zip(ours_tls, tls,
                                                                                 strict=True)]
+    arena = gbps("prfaas_plaintext_arena")
+    out["prfaas_plaintext_arena_over_plain_socket"] = [round(a / b, 3) for a, b in zip(
+        arena, plain, strict=True)]
     out["prfaas_plaintext_over_best_plain_socket"] = [round(a / max(plain), 3) for a in ours]
     out["prfaas_tls_over_best_plain_tls_socket"] = [round(a / max(tls), 3) for a in ours_tls]
     return out

@@ -204,11 +204,13 @@ def part2(name: str, run: Callable[[list[int]], dict[str, float]], reps: int,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="1 repetition instead of 3")
+    ap.add_argument("--log-dir", default=None, help="keep the instances' logs and traces here")
     args = ap.parse_args()
     reps = 1 if args.quick else 3
     rng = random.Random(0)
     with tempfile.TemporaryDirectory(prefix="prfaas-bench-vllm-") as tmp_s:
-        tmp = Path(tmp_s)
+        tmp = Path(args.log_dir) if args.log_dir else Path(tmp_s)
+        tmp.mkdir(parents=True, exist_ok=True)
         model = ensure_model("llama", Path("out/vllm-models/llama"))
         result: dict[str, Any] = {"host": platform.node(), "python": sys.version.split()[0],
                                   "loadavg_start": os.getloadavg()}

@@ -145,3 +145,33 @@ def test_plaintext_frame_without_payload_checksum_is_refused() -> None:
     rx = run(body())
     assert isinstance(rx.errors[0], BadHeader)
     assert "no payload checksum on a plaintext connection" in str(rx.errors[0])
+
+
+def test_request_failed_mid_transfer_drops_in_flight_chunks_and_links_stay_up() -> None:
+    """A request failed while chunks of it are still arriving on other connections (here by
+    a consumer callback) must not break those connections: the next request gets through."""
+    calls: list[int] = []
+
+    def on_tensor(rid: int, _layer: int, _name: str, _a: np.ndarray) -> None:
+        calls.append(rid)
+        if rid == 1:
+            raise RuntimeError("consumer refuses request 1")
+
+    big = np.arange(6 << 20, dtype=np.uint8)
+
+    async def body() -> None:
+        async with KVReceiver(on_tensor=on_tensor) as rx:
+            cfg = SenderConfig(num_connections=4, chunk_bytes=256 << 10)
+            async with KVSender("127.0.0.1", rx.port, cfg) as tx:
+                for layer in range(4):
+                    await tx.send_array(1, layer, "mla", "kv_c", big)
+                await tx.finish(1)
+                with pytest.raises(Exception, match="on_tensor callback raised"):
+                    await rx.wait_request(1, timeout_s=20)
+                await tx.send_array(2, 0, "mla", "kv_c", big)
+                await tx.finish(2)
+                kv = await rx.wait_request(2, timeout_s=20)
+            assert kv.layers[0]["kv_c"].tobytes() == big.tobytes()
+            assert rx.stats.connections_failed == 0, rx.errors
+
+    run(body())

@@ -24,7 +24,7 @@ import numpy as np
 
 from prfaas.core.errors import TransportError
 from prfaas.transport import errors as transport_errors
-from prfaas.transport.assembly import ReceivedKV
+from prfaas.transport.assembly import ReceivedKV, fresh_buffer
 from prfaas.transport.receiver import KVReceiver, ReceiverConfig
 
 
@@ -52,11 +52,34 @@ def _digest(kv: ReceivedKV) -> int:
 
 
 TlsFactory = Callable[[], ssl.SSLContext]  # picklable (a functools.partial of a module function)
+AllocatorFactory = Callable[[], Callable[[int], np.ndarray]]
 
 
-async def _child_main(conn: Connection, config: ReceiverConfig, tls: TlsFactory | None) -> None:
+def arena_allocator(arena_bytes: int) -> Callable[[int], np.ndarray]:
+    """An allocator handing out consecutive slices of one pre-touched arena, wrapping around
+    (what a decode worker's KV pool gives a receiver: no first-touch page faults). Only for
+    consumers that are done with a request's arrays before the arena wraps onto them."""
+    arena = np.ones(arena_bytes, dtype=np.uint8)  # touched: every page mapped now
+    offset = 0
+
+    def allocate(nbytes: int) -> np.ndarray:
+        nonlocal offset
+        if nbytes > arena_bytes:
+            return np.empty(nbytes, dtype=np.uint8)
+        if offset + nbytes > arena_bytes:
+            offset = 0
+        out = arena[offset : offset + nbytes]
+        offset += nbytes
+        return out
+
+    return allocate
+
+
+async def _child_main(conn: Connection, config: ReceiverConfig, tls: TlsFactory | None,
+                      allocate: AllocatorFactory | None) -> None:
     loop = asyncio.get_running_loop()
-    async with KVReceiver(config, tls=tls() if tls is not None else None) as rx:
+    alloc = allocate() if allocate is not None else fresh_buffer
+    async with KVReceiver(config, allocate=alloc, tls=tls() if tls is not None else None) as rx:
         conn.send(("port", rx.port))
         pending: set[asyncio.Task[None]] = set()
         while True:
@@ -79,18 +102,20 @@ async def _wait_one(rx: KVReceiver, conn: Connection, request_id: int, timeout_s
     conn.send(("done", request_id, kv.num_bytes, kv.first_byte_s, kv.complete_s, _digest(kv)))
 
 
-def _child(conn: Connection, config: ReceiverConfig, tls: TlsFactory | None) -> None:
-    asyncio.run(_child_main(conn, config, tls))
+def _child(conn: Connection, config: ReceiverConfig, tls: TlsFactory | None,
+           allocate: AllocatorFactory | None) -> None:
+    asyncio.run(_child_main(conn, config, tls, allocate))
 
 
 class ReceiverProcess:
-    def __init__(self, config: ReceiverConfig | None = None, tls: TlsFactory | None = None
-                 ) -> None:
-        """`tls` builds the child's server context there (contexts do not pickle)."""
+    def __init__(self, config: ReceiverConfig | None = None, tls: TlsFactory | None = None,
+                 allocate: AllocatorFactory | None = None) -> None:
+        """`tls` builds the child's server context there (contexts do not pickle);
+        `allocate` its receive-buffer allocator (e.g. partial(arena_allocator, n))."""
         self.config = config or ReceiverConfig()
         ctx = mp.get_context("spawn")  # no fork: the parent may hold torch threads
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_child, args=(child_conn, self.config, tls),
+        self._proc = ctx.Process(target=_child, args=(child_conn, self.config, tls, allocate),
                                  daemon=True)
         self.port = 0
 

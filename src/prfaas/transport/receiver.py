@@ -287,6 +287,8 @@ class KVReceiver:
                 return
             conn.open_ids.add(h.request_id)
             await self._read_payload(conn, h, asm.target(h))
+            if asm.finished:  # failed while this chunk arrived (another connection, a
+                return  # consumer callback): its buffers are gone, drop the chunk
             array = asm.chunk_done(h)
             if array is not None and self.on_tensor is not None:
                 self._notify(asm, h, array)

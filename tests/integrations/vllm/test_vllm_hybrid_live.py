@@ -35,6 +35,14 @@ from vllm_live import (  # noqa: E402
 NUM_TOKENS = 32
 FIRST_TOLERANCE = 1e-3
 TF_TOLERANCE = 2e-2  # stated before measuring: ~4 bf16 ulps of a logprob near -6
+# The decoder recomputes token N alone from h(N-1) and the KV of N-1 tokens. A single instance
+# does the same step only when the prompt's last chunk is that one token: lengths 1024k + 1
+# with max_num_batched_tokens 1024. Other lengths compute token N inside the last chunk, and
+# the P/D first token then differs by up to ~1e-2 in logprob, for vLLM's own NixlConnector
+# exactly as for ours (docs/vllm.md: same prompts, same values to the last bit).
+ALIGNED = [1025, 1025, 1025, 1025, 2049, 2049, 2049, 3073, 3073, 3073]
+ANY_LENGTH = [200, 300, 500, 700, 900, 1100, 1300, 1600, 2000, 2500]
+SPLIT_TOLERANCE = 2e-2
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +104,10 @@ def _lp_of(top: dict[str, float], token: int) -> float | None:
     return top.get(f"token_id:{token}")
 
 
-def test_hybrid_state_crosses_and_logprobs_match_the_single_instance(live: dict) -> None:
+def _compare(live: dict, lengths: list[int], seed: int) -> tuple[list[float], float, int]:
+    """Per prompt the first token's |dlogprob|, and the worst of 32 teacher-forced ones."""
     firsts, worst_tf, forced = [], 0.0, 0
-    for prompt in prompts([200, 300, 500, 700, 900, 1100, 1300, 1600, 2000, 2500], seed=11):
+    for prompt in prompts(lengths, seed=seed):
         ref_ids, ref_lps = single(live, prompt, NUM_TOKENS)
         ids, lps, tops = disaggregated(live, prompt, NUM_TOKENS)
         first = _lp_of(tops[0], ref_ids[0])
@@ -122,10 +131,23 @@ def test_hybrid_state_crosses_and_logprobs_match_the_single_instance(live: dict)
             pos += k
         assert len(got) == NUM_TOKENS
         worst_tf = max(worst_tf, max(abs(a - b) for a, b in zip(got, ref_lps, strict=True)))
-    print(f"first-token |dlogprob| max {max(firsts):.2e}; teacher-forced max {worst_tf:.2e} "
-          f"({forced} forced re-sends)")
+    return firsts, worst_tf, forced
+
+
+def test_hybrid_state_crosses_and_logprobs_match_the_single_instance(live: dict) -> None:
+    firsts, worst_tf, forced = _compare(live, ALIGNED, seed=13)
+    print(f"aligned: first-token |dlogprob| {[f'{f:.1e}' for f in firsts]}; teacher-forced "
+          f"max {worst_tf:.2e} ({forced} forced re-sends)")
     assert max(firsts) < FIRST_TOLERANCE, firsts
-    assert worst_tf < TF_TOLERANCE
+    assert worst_tf < TF_TOLERANCE, worst_tf
+
+
+def test_hybrid_any_length_stays_within_the_split_gap(live: dict) -> None:
+    firsts, worst_tf, forced = _compare(live, ANY_LENGTH, seed=11)
+    print(f"any length: first-token |dlogprob| {[f'{f:.1e}' for f in firsts]}; teacher-forced "
+          f"max {worst_tf:.2e} ({forced} forced re-sends)")
+    assert max(firsts) < SPLIT_TOLERANCE, firsts
+    assert worst_tf < TF_TOLERANCE, worst_tf
 
 
 def test_hybrid_long_prompt_goes_through_the_router_on_prfaas(live: dict) -> None:
