@@ -115,6 +115,7 @@ def phases(results: list[Result], bounds: tuple[float, float, float]) -> dict[st
                      "ttft_p90_s": float(np.percentile(ttft, 90)) if ttft else None,
                      "throughput_tokens_per_s": sum(r.output_tokens for r in sel if r.ok)
                      / (hi - lo),
+                     "completions_per_s": sum(r.ok for r in sel) / (hi - lo),
                      "share_local": (sum(r.prfaas.get("route") == "pd" for r in sel if r.ok)
                                      / len(sel)) if sel else None}
     return out

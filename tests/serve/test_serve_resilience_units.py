@@ -291,3 +291,16 @@ def test_delay_stage_adds_the_rtt_it_is_told(tmp_path: Path) -> None:
 
     plain, delayed = asyncio.run(run())
     assert delayed >= 0.2 and delayed > plain + 0.15
+
+
+def test_full_prefill_queue_spills_to_the_other_route_then_429() -> None:
+    svc = _service(admission={"max_queued_per_prefill": 2, "retry_after_s": 4})
+    d = Dispatcher(svc.topology, svc.cluster, svc.manager, svc.policy, None, 64)  # type: ignore[arg-type]
+    req = parse({"model": MODEL, "prompt": "Long " * 80}, False, MODEL, 16384, TOK)
+    assert d.route(req, "a")[1].prefill_instance == "prfaas-0"
+    d.queued["prfaas-0"] = 2  # PrfaaS backed up: the local cluster takes it
+    assert d.route(req, "b")[1].prefill_instance == "pdp-0"
+    d.queued["pdp-0"] = 2  # both full: shed
+    with pytest.raises(ApiError) as info:
+        d.route(req, "c")
+    assert info.value.status == 429 and info.value.headers() == {"Retry-After": "4"}

@@ -25,9 +25,9 @@ from typing import Any
 import aiohttp
 
 from prfaas.cache import GlobalKVCacheManager, chain_hashes
-from prfaas.core.types import RequestInfo, RouteDecision, RouteQuery
+from prfaas.core.types import RequestInfo, Route, RouteDecision, RouteQuery
 from prfaas.engine.tokenizer import ByteTokenizer
-from prfaas.policy.base import Router
+from prfaas.policy.base import Router, decide
 from prfaas.serve.backends import (
     Attempt,
     AttemptFailed,
@@ -36,7 +36,7 @@ from prfaas.serve.backends import (
     WorkerBackend,
     make_backend,
 )
-from prfaas.serve.cluster import UNSHAPED_GBPS, LiveCluster
+from prfaas.serve.cluster import UNSHAPED_GBPS, LiveCluster, LiveView
 from prfaas.serve.failover import guarded, next_path, resume_query
 from prfaas.serve.membership import Membership
 from prfaas.serve.openai_api import ApiError, GenRequest
@@ -111,13 +111,25 @@ class Dispatcher:
         if decision.decode_instance is None:
             raise ApiError(503, "no decode instance available", kind="server_error",
                            code="unavailable", retry_after_s=self.topology.health.retry_after_s)
-        admission = self.topology.admission
-        if self.queued[decision.prefill_instance] >= admission.max_queued_per_prefill:
-            raise ApiError(429, f"prefill queue of {decision.prefill_instance} is full "
-                                f"({admission.max_queued_per_prefill} waiting)",
-                           kind="rate_limit_error", code="queue_full",
-                           retry_after_s=admission.retry_after_s)
-        return query, decision
+        return query, self._admit(query, view, decision)
+
+    def _admit(self, query: RouteQuery, view: LiveView, decision: RouteDecision
+               ) -> RouteDecision:
+        """The decision, or the other route's when the chosen prefill worker's queue is full
+        (the local cluster keeps serving while PrfaaS is backed up, and the reverse); 429
+        with Retry-After when both are full."""
+        limit = self.topology.admission.max_queued_per_prefill
+        if self.queued[decision.prefill_instance] < limit:
+            return decision
+        other = Route.PD if decision.route is Route.PRFAAS else Route.PRFAAS
+        spill = decide(query, view, other, decision.threshold_tokens, fallback=False)
+        if (not spill.rejected and spill.decode_instance is not None
+                and self.queued[spill.prefill_instance] < limit):
+            return spill
+        raise ApiError(429, f"prefill queue of {decision.prefill_instance} is full "
+                            f"({limit} waiting) and no other route has room",
+                       kind="rate_limit_error", code="queue_full",
+                       retry_after_s=self.topology.admission.retry_after_s)
 
     async def tokens(self, req: GenRequest, query: RouteQuery, decision: RouteDecision,
                      out: Outcome) -> AsyncGenerator[TokenEvent, None]:

@@ -9,7 +9,8 @@ Used by tests/serve/test_serve_link_faults.py (short windows) and benchmarks/ben
   (serve/delay.py; netem is not available here), for `duration_s`.
 `FaultRunner` applies one in a thread at `start_s` after `t0` and records the window; it
 always restores the link. `summarize` turns load results (prfaas.bench.loadgen.Result) into
-the per-fault figures: sent, completed, lost, TTFT P50/P99 (all / during the window), and the
+the per-fault figures: sent, completed, shed (429/503: refused, never accepted), lost
+(accepted and not completed), TTFT P50/P99 (all / during the window), and the
 share of requests sent during the window that were prefilled locally.
 """
 
@@ -122,8 +123,10 @@ def summarize(results: Sequence[Any], window: tuple[float, float]) -> dict[str, 
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     ttft_during = [r.ttft_s for r in during if r.ok and r.ttft_s is not None]
     local = [r for r in during if r.ok and r.prfaas.get("route") == "pd"]
+    shed = [r for r in results if r.status in (429, 503)]  # refused, never accepted
     return {
-        "sent": len(results), "completed": len(ok), "lost": len(results) - len(ok),
+        "sent": len(results), "completed": len(ok), "shed": len(shed),
+        "lost": len(results) - len(ok) - len(shed),  # accepted and not completed
         "errors": sorted({r.error[:120] for r in results if not r.ok})[:5],
         "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
         "during": {"sent": len(during), "ttft_p50_s": _pct(ttft_during, 50),

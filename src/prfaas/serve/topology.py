@@ -148,7 +148,7 @@ class Topology:
     intra_link: LinkSpec = field(default_factory=lambda: LinkSpec(None, 2))
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache_capacity_bytes: int = 512 * 2**20  # per worker prefix cache
-    max_retries: int = 1  # local-path retries after a failed transfer
+    max_retries: int = 3  # failed attempts per request retried (no token yet) or resumed
     profile: str = "cpu-tiny"  # measured engine profile (serve/plan.py): embedded name or path
     health: HealthSpec = field(default_factory=HealthSpec)  # serve/resilience.py
     restart: RestartSpec = field(default_factory=RestartSpec)
@@ -337,7 +337,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
         intra_link=_link(m.get("intra_link"), "intra_link", LinkSpec(None, 2)),
         timeouts=Timeouts(**{k: float(v) for k, v in timeouts.items()}),
         cache_capacity_bytes=int(float(cache.get("capacity_mb", 512)) * 2**20),
-        max_retries=int(m.get("max_retries", 1)), profile=profile,
+        max_retries=int(m.get("max_retries", 3)), profile=profile,
         **{key: parse_spec(cls, m.get(key), key) for key, cls in RESILIENCE_KEYS.items()},
         vllm=parse_vllm(m.get("vllm"), base),
     )
