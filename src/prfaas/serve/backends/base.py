@@ -15,10 +15,14 @@ its own, and bounds every wait by the attempt's deadlines or its timeouts.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import aiohttp
 
 from prfaas.serve.topology import WorkerSpec
 
@@ -83,3 +87,37 @@ class WorkerBackend(ABC):
     @abstractmethod
     def run(self, attempt: Attempt, report: AttemptReport) -> AsyncIterator[TokenEvent]:
         """Yield the attempt's tokens; raise AttemptFailed on any failure."""
+
+
+async def next_line(resp: aiohttp.ClientResponse, prefill: asyncio.Task[Any] | None,
+                    timeout_s: float, waiting_for: str) -> bytes:
+    """The decode stream's next line (b"" once it closed), read while watching the attempt's
+    prefill task: a failed prefill ends the wait at once, and so does `timeout_s`."""
+    read = asyncio.ensure_future(resp.content.readline())
+    waits: set[asyncio.Future[Any]] = {read}
+    if prefill is not None and not prefill.done():
+        waits.add(prefill)
+    elif prefill is not None and prefill.exception() is not None:
+        read.cancel()
+        raise prefill_failure(prefill)
+    deadline = time.monotonic() + timeout_s
+    while not read.done():
+        done, _ = await asyncio.wait(waits, timeout=max(deadline - time.monotonic(), 0),
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            read.cancel()
+            raise AttemptFailed(f"no {waiting_for} within {timeout_s:.1f} s")
+        if prefill in done:
+            waits.discard(prefill)
+            if prefill.exception() is not None:
+                read.cancel()
+                raise prefill_failure(prefill)
+    return read.result()
+
+
+def prefill_failure(prefill: asyncio.Task[Any]) -> AttemptFailed:
+    """The AttemptFailed a finished, failed prefill task stands for (its worker kept)."""
+    exc = prefill.exception()
+    if isinstance(exc, AttemptFailed):
+        return AttemptFailed(str(exc), worker=exc.worker)
+    return AttemptFailed(f"prefill: {exc}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from prfaas.serve.backends.base import (
     AttemptReport,
     TokenEvent,
     WorkerBackend,
+    next_line,
 )
 from prfaas.serve.topology import WorkerSpec
 
@@ -129,35 +129,9 @@ def _prefill_done(pre: WorkerSpec, reply: dict[str, Any], report: AttemptReport)
 async def _event(resp: aiohttp.ClientResponse, prefill: asyncio.Task[Any] | None,
                  timeout_s: float, decoder: str) -> dict[str, Any]:
     """The decode stream's next event; a failed prefill ends the wait early."""
-    read = asyncio.ensure_future(resp.content.readline())
-    waits: set[asyncio.Future[Any]] = {read}
-    if prefill is not None and not prefill.done():
-        waits.add(prefill)
-    elif prefill is not None and prefill.exception() is not None:
-        read.cancel()
-        raise _prefill_error(prefill)
-    deadline = time.monotonic() + timeout_s
-    while not read.done():
-        done, _ = await asyncio.wait(waits, timeout=max(deadline - time.monotonic(), 0),
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if not done:
-            read.cancel()
-            raise AttemptFailed(f"no event from the decode worker within {timeout_s:.1f} s")
-        if prefill in done:
-            waits.discard(prefill)
-            if prefill.exception() is not None:
-                read.cancel()
-                raise _prefill_error(prefill)
-    raw = read.result()
+    raw = await next_line(resp, prefill, timeout_s, "event from the decode worker")
     if not raw:
         raise AttemptFailed(f"the decode worker {decoder} closed the stream early",
                             worker=decoder)
     event: dict[str, Any] = json.loads(raw)
     return event
-
-
-def _prefill_error(prefill: asyncio.Task[Any]) -> AttemptFailed:
-    exc = prefill.exception()
-    if isinstance(exc, AttemptFailed):
-        return AttemptFailed(str(exc), worker=exc.worker)
-    return AttemptFailed(str(exc))

@@ -32,6 +32,7 @@ from prfaas.serve.backends.base import (
     AttemptReport,
     TokenEvent,
     WorkerBackend,
+    next_line,
 )
 
 # sampling keys vLLM's OpenAI API takes under the same name (logit_bias: converted; the
@@ -156,26 +157,7 @@ async def _events(resp: aiohttp.ClientResponse, prefill: asyncio.Task[None], a: 
     """The decode stream's SSE payloads until [DONE]; a failed prefill ends it early."""
     while True:
         wait_s = a.token_s if progress[0] else a.first_token_s
-        read = asyncio.ensure_future(resp.content.readline())
-        waits: set[asyncio.Future[Any]] = {read}
-        if not prefill.done():
-            waits.add(prefill)
-        elif prefill.exception() is not None:
-            read.cancel()
-            raise _failed(prefill)
-        deadline = time.monotonic() + wait_s
-        while not read.done():
-            done, _ = await asyncio.wait(waits, timeout=max(deadline - time.monotonic(), 0),
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if not done:
-                read.cancel()
-                raise AttemptFailed(f"no token from {decoder} within {wait_s:.1f} s")
-            if prefill in done:
-                waits.discard(prefill)
-                if prefill.exception() is not None:
-                    read.cancel()
-                    raise _failed(prefill)
-        raw = read.result()
+        raw = await next_line(resp, prefill, wait_s, f"token from {decoder}")
         if not raw:
             raise AttemptFailed(f"the decode instance {decoder} closed the stream early",
                                 worker=decoder)
@@ -187,10 +169,3 @@ async def _events(resp: aiohttp.ClientResponse, prefill: asyncio.Task[None], a: 
             return
         payload: dict[str, Any] = json.loads(data)
         yield payload
-
-
-def _failed(prefill: asyncio.Task[None]) -> AttemptFailed:
-    exc = prefill.exception()
-    if isinstance(exc, AttemptFailed):
-        return AttemptFailed(str(exc), worker=exc.worker)
-    return AttemptFailed(f"prefill: {exc}")
