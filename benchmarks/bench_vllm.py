@@ -75,7 +75,24 @@ def traces(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-class PrfaasPair:
+class _Pair:
+    """A prefill (p) and a decode (d) vLLM instance, started together, stopped by pid."""
+
+    p: VllmInstance
+    d: VllmInstance
+
+    def start(self) -> None:
+        self.p.spawn()
+        self.d.spawn()
+        self.p.wait_ready(900)
+        self.d.wait_ready(900)
+
+    def stop(self) -> None:
+        self.p.stop()
+        self.d.stop()
+
+
+class PrfaasPair(_Pair):
     def __init__(self, model: Path, tmp: Path) -> None:
         self.kv_port = free_port()
         self.p_trace, self.d_trace = tmp / "p.trace", tmp / "d.trace"
@@ -88,15 +105,6 @@ class PrfaasPair:
                                        **COMMON), tmp / "d.log")  # type: ignore[arg-type]
         self.tid = random.Random(7).randrange(1, 2**40)
 
-    def start(self) -> None:
-        self.p.spawn()
-        self.d.spawn()
-        self.p.wait_ready(900)
-        self.d.wait_ready(900)
-
-    def stop(self) -> None:
-        self.p.stop()
-        self.d.stop()
 
     def run(self, ids: list[int], rate_gbps: float | None = None, after: bool = False,
             max_tokens: int = 2) -> dict[str, float]:
@@ -157,7 +165,7 @@ def part1(pair: PrfaasPair, reps: int, rng: random.Random) -> dict[str, Any]:
     return out
 
 
-class NixlPair:
+class NixlPair(_Pair):
     def __init__(self, model: Path, tmp: Path) -> None:
         def spec(cores: str, side_port: int) -> VllmSpec:
             return VllmSpec(str(model), free_port(), kv_role="kv_both", connector="NixlConnector",
@@ -168,15 +176,6 @@ class NixlPair:
         self.p = VllmInstance(spec("0", free_port()), tmp / "nixl-p.log")
         self.d = VllmInstance(spec("1", free_port()), tmp / "nixl-d.log")
 
-    def start(self) -> None:
-        self.p.spawn()
-        self.d.spawn()
-        self.p.wait_ready(900)
-        self.d.wait_ready(900)
-
-    def stop(self) -> None:
-        self.p.stop()
-        self.d.stop()
 
     def run(self, ids: list[int]) -> dict[str, float]:
         t0 = time.monotonic()

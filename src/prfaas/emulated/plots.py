@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from prfaas.sim.plots import finish_axes
+
 
 def live_vs_sim(result: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -26,12 +28,7 @@ def live_vs_sim(result: dict[str, Any], path: Path) -> Path:
         ax.axhline(sysres["live_capacity_rps"], color=sim_line.get_color(), ls="--", lw=0.7)
         top = max(top, *x)
     ax.plot([0, top], [0, top], color="grey", ls=":", label="throughput = offered")
-    ax.set_xlabel("offered load (scenario req/s)")
-    ax.set_ylabel("first-token throughput (scenario req/s)")
-    ax.set_title(f"{result['scenario']}: live emulated vs simulator (dashed: live capacity)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_axes(fig, ax, "offered load (scenario req/s)",
+                       "first-token throughput (scenario req/s)",
+                       f"{result['scenario']}: live emulated vs simulator (dashed: live capacity)",
+                       path, legend_fontsize=7)

@@ -22,7 +22,7 @@ def ttft_cdf(ttfts: dict[str, FloatArray], title: str, path: Path) -> Path:
         v = np.sort(values[np.isfinite(values)])
         ax.plot(v, np.arange(1, v.size + 1) / max(v.size, 1), label=name)
     ax.set_xscale("log")
-    return _finish(fig, ax, "TTFT (s)", "CDF", title, path)
+    return finish_axes(fig, ax, "TTFT (s)", "CDF", title, path)
 
 
 def load_sweep(sweep: dict[str, list[dict[str, float]]], capacity: dict[str, CapacityResult],
@@ -60,16 +60,17 @@ def egress_over_time(egress_gbps: FloatArray, capacity_gbps: float, title: str, 
     ax.plot(np.arange(egress_gbps.size), egress_gbps, linewidth=0.8, label="egress (1 s windows)")
     ax.axhline(capacity_gbps, color="red", linestyle="--", label="link capacity")
     ax.set_yscale("symlog", linthresh=1.0)
-    return _finish(fig, ax, "time (s)", "Gbps", title, path)
+    return finish_axes(fig, ax, "time (s)", "Gbps", title, path)
 
 
-def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+def finish_axes(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path,
+                legend_fontsize: float | None = None) -> Path:
     """Labels, grid, legend; save as PNG and release the figure."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=legend_fontsize)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
