@@ -12,18 +12,28 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 from serve_helpers import MODEL, topology
 
 from prfaas.core.errors import ConfigError
 from prfaas.engine import ByteTokenizer, EngineConfig
-from prfaas.serve.backends import Attempt, AttemptFailed, AttemptReport, TokenEvent, WorkerBackend
+from prfaas.serve.backends import (
+    Attempt,
+    AttemptFailed,
+    AttemptReport,
+    TokenEvent,
+    WorkerBackend,
+    make_backend,
+)
 from prfaas.serve.dispatch import Dispatcher, Outcome
 from prfaas.serve.failover import guarded
 from prfaas.serve.openai_api import ApiError, parse
 from prfaas.serve.resilience import RestartSpec
 from prfaas.serve.router import RouterService
 from prfaas.serve.supervisor import Supervisor
+from prfaas.serve.topology import WorkerSpec, free_port
 
 TOK = ByteTokenizer()
 FOUR = [{"name": "prfaas-0", "role": "prfaas"}, {"name": "pdp-0", "role": "pd-p"},
@@ -304,3 +314,52 @@ def test_full_prefill_queue_spills_to_the_other_route_then_429() -> None:
     with pytest.raises(ApiError) as info:
         d.route(req, "c")
     assert info.value.status == 429 and info.value.headers() == {"Retry-After": "4"}
+
+
+def test_a_prefill_worker_that_answers_an_error_is_not_marked_down() -> None:
+    """A decoder dies mid-transfer: the PD-P worker's KV push fails and it answers 502. That
+    worker is up (it answered), so the failure must not blame it: a passive mark would leave
+    no prefill instance while PrfaaS restarts, and new requests would get 503 (a recovery test
+    flake, issue 10). A worker that cannot be reached is blamed."""
+    async def decoder(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b'{"event": "ready", "nonce": "n", "cached_tokens": 0}\n')
+        await asyncio.sleep(30)  # waits for KV that never comes
+        return resp
+
+    async def prefill(_: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "ConnectionResetError: KV push"}},
+                                 status=502)
+
+    async def cancel(_: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def go() -> tuple[str, str]:
+        app = web.Application()
+        app.router.add_post("/generate", decoder)
+        app.router.add_post("/cancel", cancel)
+        app.router.add_post("/prefill", prefill)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        dec = WorkerSpec("pdd-0", "pd-d", port=port, kv_port=1)
+        blamed = []
+        async with aiohttp.ClientSession() as session:
+            backend = make_backend("native", session=session)
+            for pre in (WorkerSpec("pdp-0", "pd-p", port=port),
+                        WorkerSpec("pdp-1", "pd-p", port=free_port())):  # nobody listens
+                attempt = Attempt(1, [1, 2, 3], 4, {}, pre, dec, ("127.0.0.1", 1),
+                                  first_token_s=10, prefill_s=10, kv_deadline_s=5,
+                                  token_s=10, connect_s=2)
+                with pytest.raises(AttemptFailed) as err:
+                    async for _ in backend.run(attempt, AttemptReport()):
+                        pass
+                blamed.append(err.value.worker)
+        await runner.cleanup()
+        return blamed[0], blamed[1]
+
+    answered, unreachable = asyncio.run(go())
+    assert answered == ""
+    assert unreachable == "pdp-1"

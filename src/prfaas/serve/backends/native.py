@@ -45,7 +45,7 @@ class NativeBackend(WorkerBackend):
                                          timeout=timeout) as resp:
                 if resp.status != 200:
                     raise AttemptFailed(f"decode {dec.name} answered HTTP {resp.status}",
-                                        worker=dec.name)
+                                        worker=dec.name if resp.status >= 500 else "")
                 ready = await _event(resp, None, a.connect_s + a.token_s, dec.name)
                 report.decode_cached_tokens = int(ready.get("cached_tokens", 0))
                 prefill = asyncio.create_task(self._prefill(a, report.decode_cached_tokens,
@@ -95,8 +95,10 @@ class NativeBackend(WorkerBackend):
                 reply: dict[str, Any] = await resp.json(content_type=None)
                 if resp.status != 200:
                     err = reply.get("error", {}) if isinstance(reply, dict) else {}
+                    # it answered, so it is up: a 502 here is its KV push failing (the
+                    # decoder or the link is at fault, and says so itself), not this worker
                     raise AttemptFailed(f"prefill {pre.name} answered HTTP {resp.status}: "
-                                        f"{err.get('message', reply)}", worker=pre.name)
+                                        f"{err.get('message', reply)}")
                 return reply
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise AttemptFailed(f"prefill {pre.name}: {type(exc).__name__}: {exc}",

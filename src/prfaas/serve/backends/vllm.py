@@ -141,8 +141,9 @@ class VllmBackend(WorkerBackend):
             raise AttemptFailed(f"prefill {pre.name}: {type(exc).__name__}: {exc}",
                                 worker=pre.name) from exc
         if resp.status != 200 or not isinstance(reply, dict):
+            # it answered, so it is up (see native.py): not a passive mark on it
             raise AttemptFailed(f"prefill {pre.name} answered HTTP {resp.status}: "
-                                f"{str(reply)[:300]}", worker=pre.name)
+                                f"{str(reply)[:300]}")
         details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
         report.prefill_done = True
         report.prefill_s = time.monotonic() - t0
