@@ -49,3 +49,14 @@ def test_unknown_scenario_and_both_sources() -> None:
                      "no-such-scenario")
     _one_line_exit_2(run("serve", "--scenario", "paper-case-study", "--topology", "x.yaml"),
                      "--topology")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("--live", "--outage", "prfaas@600+120"), "only the inter-DC link"),
+    (("--live", "--outage", "link@60+120"), "START must be >= DURATION"),
+    (("--live", "--outage", "link@600"), "NAME@START+DURATION"),
+    (("--live", "--outage", "link@600+120", "--load", "0"), "--load"),
+    (("--outage", "link@600+120"), "needs --live"),
+])
+def test_bad_live_outages(args: tuple[str, ...], needle: str) -> None:
+    _one_line_exit_2(run("reproduce", *args), needle)

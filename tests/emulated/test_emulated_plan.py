@@ -5,7 +5,7 @@ import pytest
 
 from prfaas.emulated.topology import emulated_system
 from prfaas.serve.cluster import LiveCluster
-from prfaas.serve.model import engine_config, kv_geometry
+from prfaas.serve.model import engine_config, kv_geometry, prefill_models
 from prfaas.serve.plan import live_plan_inputs
 
 
@@ -30,3 +30,52 @@ def test_router_predicts_the_bytes_the_workers_ship_and_hears_the_link() -> None
     cluster.capacity_gbps = 0.1
     assert cluster.view().link().capacity_gbps == 0.1
     assert cluster.view().kv_transfer_s(1000) == pytest.approx(geo.size_bytes(1000) * 8 / 1e8)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_router_predicts_prefill_work_as_the_simulator_does() -> None:
+    """The emulated workers' hardware profiles are the router's cost models (T(l) quadratic,
+    as the simulator's router reads it), corrected by measured / predicted; a worker's queued
+    work is its predicted drain time (FIFO), not the sum of what it was ever sent."""
+    es = emulated_system("paper-case-study", "homogeneous_pd", link_emulation="token-bucket")
+    models = prefill_models(es.topology)
+    profile = es.scaled.scenario.homogeneous.hardware.require_prefill()
+    assert set(models) == {w.name for w in es.topology.workers if w.is_prefill}
+    assert all(m == profile for m in models.values())
+    clock = Clock()
+    cluster = LiveCluster(es.topology, kv_geometry(es.topology.model,
+                                                   engine_config(es.topology.model)),
+                          models, clock)
+    short, long = cluster.prefill_time_s("pdp-0", 1000, 0), cluster.prefill_time_s("pdp-0",
+                                                                                    16000, 0)
+    assert short == pytest.approx(profile.seconds(1000))
+    assert long == pytest.approx(profile.seconds(16000))
+    assert abs(long / short / 16 - 1) > 0.03  # a per-token rate learned on one is off
+    cluster.measured("pdp-0", 1.1 * short, 1000, 0)  # the worker ran 10% slow
+    assert cluster.prefill_time_s("pdp-0", 1000, 0) == pytest.approx(short * 1.02)
+
+    def queued() -> float:
+        return next(i.queued_work_s for i in cluster.view().instances() if i.instance_id ==
+                    "pdp-1")
+
+    cluster.start("pdp-1", 1.0)
+    cluster.start("pdp-1", 2.0)
+    assert queued() == pytest.approx(3.0)
+    clock.t += 0.5
+    assert queued() == pytest.approx(2.5)  # the running prefill is half done
+    clock.t += 0.7  # it took 1.2 s: the next one starts now
+    cluster.finish("pdp-1", 1.0)
+    assert queued() == pytest.approx(2.0)
+    clock.t += 5.0  # later than predicted, still running: nothing is known to be left
+    assert queued() == 0.0
+    cluster.finish("pdp-1", 2.0)
+    cluster.start("pdp-1", 0.5)  # an idle worker: the new one starts at once
+    assert queued() == pytest.approx(0.5)
+

@@ -14,9 +14,11 @@ from prfaas.core.errors import ConfigError
 from prfaas.core.types import RouteDecision
 from prfaas.engine import ByteTokenizer, EngineConfig
 from prfaas.policy.base import Router
+from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.dispatch import Dispatcher
 from prfaas.serve.kvship import reframe
 from prfaas.serve.metrics import RouterMetrics
+from prfaas.serve.model import engine_config, kv_geometry, prefill_models
 from prfaas.serve.openai_api import ApiError, load_json, parse
 from prfaas.serve.prefix_store import PrefixStore
 from prfaas.serve.router import RouterService
@@ -167,3 +169,12 @@ def test_policy_rejection_is_429() -> None:
     with pytest.raises(ApiError) as info:
         dispatcher.route(req, "r1")
     assert info.value.status == 429 and "overloaded" in info.value.message
+
+
+def test_without_a_cost_model_the_router_learns_seconds_per_token() -> None:
+    topo = topology()
+    assert prefill_models(topo) == {}  # the torch engine: no profile to predict with
+    cluster = LiveCluster(topo, kv_geometry(topo.model, engine_config(topo.model)))
+    cluster.measured("pdp-0", 0.5, 1200, 200)  # 0.5 s for 1000 computed tokens
+    assert cluster.prefill_time_s("pdp-0", 2000, 0) == pytest.approx(2000 * 0.5 / 1000)
+    assert cluster.prefill_time_s("pdp-0", 2000, 1000) == pytest.approx(0.5)

@@ -16,6 +16,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from prfaas.cli.common import console, dumps
+from prfaas.core.errors import ConfigError
 from prfaas.planner.report import plan_table
 from prfaas.planner.search import plan_all
 from prfaas.scenario import load_scenario
@@ -36,11 +37,26 @@ from prfaas.sim.system import SYSTEMS
 @click.option("--link-fluctuation", "fluctuation", is_flag=True,
               help="With --live: the link drops 10x mid-run and recovers, static t vs the "
               "controller (needs root for the shared netns link); writes fluctuation.json.")
+@click.option("--outage", "outage_text", default=None, metavar="link@START+DURATION",
+              help="With --live: PrfaaS-PD with the inter-DC link partitioned for DURATION "
+              "scenario seconds from START, beside `simulate --outage` of the same run (needs "
+              "root); writes outage.json.")
+@click.option("--load", type=float, default=0.7, show_default=True,
+              help="With --outage: offered load, a fraction of the planner's capacity.")
 def command(scenario_name: str, out_dir: str, live: bool, quick: bool,
-            scales_text: str | None, keep_logs: bool, fluctuation: bool) -> None:
+            scales_text: str | None, keep_logs: bool, fluctuation: bool,
+            outage_text: str | None, load: float) -> None:
     """Planner, simulated capacities, TTFT under load and plots for the case study."""
     started = time.perf_counter()
     scenario = load_scenario(scenario_name)
+    if outage_text and not live:
+        raise ConfigError("--outage", outage_text, "needs --live (the simulated outage is "
+                          "`prfaas simulate --outage`)")
+    if live and outage_text:
+        from prfaas.emulated.report import run_outage_command
+
+        run_outage_command(scenario, Path(out_dir), outage_text, load, scales_text)
+        return
     if live and fluctuation:
         from prfaas.emulated.report import run_fluctuation_command
 

@@ -132,3 +132,51 @@ def run_fluctuation_command(out_dir: Path, scales_text: str | None) -> None:
                       f"{lv['dip_offload_fraction']:.2f} / {sm['dip_offload_fraction']:.2f}")
     console.print(table)
     console.print(f"wrote fluctuation.json to {out_dir} in {result['wall_s']} s")
+
+
+def run_outage_command(scenario: Scenario, out_dir: Path, outage_text: str, load: float,
+                       scales_text: str | None) -> None:
+    from prfaas.emulated.outage import outage_live
+    from prfaas.sim.outages import parse_outage
+
+    _stop_on_sigterm()
+    started = time.perf_counter()
+    outage, scales = parse_outage(outage_text), parse_scales(scales_text)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()[0]
+
+    def tick(label: str) -> None:
+        console.print(f"[{time.perf_counter() - started:6.0f} s] {label}")
+
+    result = outage_live(outage, scales, load, scenario.name, tick)
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    result["loadavg_start_end"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+    (out_dir / "outage.json").write_text(json.dumps(result, indent=2) + "\n")
+    console.print(outage_table(result))
+    console.print(f"wrote outage.json to {out_dir} in {result['wall_s']} s")
+
+
+def outage_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"{result['scenario']} PrfaaS-PD, link down {result['outage']} at "
+                        f"{result['rate_rps']} req/s ({result['load']:.0%} of the planner's "
+                        f"{result['planner_capacity_rps']}); scenario units; live = emulated "
+                        "hardware")
+    for col in ("window", "TTFT mean s live / sim", "TTFT P99 s live / sim",
+                "first tokens/s live / sim", "local share live / sim", "not completed live"):
+        table.add_column(col, justify="right")
+
+    def pair(live: Any, sim: Any, fmt: str) -> str:
+        def one(v: Any) -> str:
+            return "—" if v is None else format(v, fmt)
+        return f"{one(live)} / {one(sim)}"
+
+    lw, sw = result["live"]["windows"], result["sim"]["windows"]
+    for name in ("before", "during", "after"):
+        lv, sm = lw[name], sw[name]
+        table.add_row(f"{name} [{lv['start_s']:g}, {lv['end_s']:g})",
+                      pair(lv["ttft_s"]["mean"], sm["ttft_s"]["mean"], ".2f"),
+                      pair(lv["ttft_s"]["p99"], sm["ttft_s"]["p99"], ".2f"),
+                      pair(lv["first_tokens_per_s"], sm["first_tokens_per_s"], ".2f"),
+                      pair(lv["local_share"], sm["local_share"], ".2f"),
+                      str(lv["not_completed"]))
+    return table

@@ -216,8 +216,9 @@ class Dispatcher:
         try:
             async for event in guarded(self.backend.run(attempt, report),
                                        lambda: self._watch(pre, dec, report)):
-                if first:
+                if first:  # the prefill is done: the worker's queue moves on (cluster.py)
                     self.queued[pre.name] -= 1
+                    self.cluster.finish(pre.name, work_s)
                     first = False
                 out.token_ids.append(event.token_id)
                 yield event
@@ -225,8 +226,8 @@ class Dispatcher:
         finally:
             if first:
                 self.queued[pre.name] -= 1
+                self.cluster.finish(pre.name, work_s)
             self._apply_report(pre, report, out)
-            self.cluster.finish(pre.name, work_s)
             self.cluster.finish(dec.name)
             self.cluster.monitor.remove_pending(pending_bytes)
 
@@ -258,7 +259,9 @@ class Dispatcher:
         if out.prompt_logprobs is None:
             out.prompt_logprobs = report.prompt_logprobs
         if report.computed_tokens > 0:
-            self.cluster.measured(pre.name, report.prefill_s / report.computed_tokens)
+            self.cluster.measured(pre.name, report.prefill_s,
+                                  report.cached_tokens + report.computed_tokens,
+                                  report.cached_tokens)
         self.cluster.shipped(pre, report.kv_bytes)
 
     def _apply_cache(self, pool: str, delta: object) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from prfaas.core.errors import ConfigError
 from prfaas.engine import Engine, EngineConfig
 from prfaas.models.kv import KVGeometry, geometry
+from prfaas.models.profile import PrefillTime
 
 PRESETS = ("tiny", "small", "mimo_like")
 
@@ -47,3 +48,17 @@ def kv_geometry(model: dict[str, Any], config: EngineConfig) -> KVGeometry:
         kv = scaled_from_model(model)[0].layout.kv_size()
         return KVGeometry(config.name, kv.per_token_bytes, kv.fixed_bytes, 0.0, 0, 0.0)
     return geometry(config.to_spec())
+
+
+def prefill_models(topology: Any) -> dict[str, PrefillTime]:
+    """Known prefill cost models by worker name, the router's prior for each prefill worker's
+    service time: an emulated worker's is its role's hardware profile (what it sleeps, in live
+    units), the one the simulator's router reads. Other engines have none: the router then
+    learns a seconds-per-token rate from their reports (serve/cluster.py)."""
+    if topology.model.get("backend") != "emulated":
+        return {}
+    from prfaas.emulated.backend import hardware_for, scaled_from_model
+
+    scaled, system = scaled_from_model(topology.model)
+    return {w.name: hardware_for(scaled, system, w.role).require_prefill()
+            for w in topology.workers if w.is_prefill}

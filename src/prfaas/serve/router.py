@@ -30,7 +30,7 @@ from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.dispatch import Dispatcher, Outcome
 from prfaas.serve.membership import Membership
 from prfaas.serve.metrics import RouterMetrics
-from prfaas.serve.model import kv_geometry
+from prfaas.serve.model import kv_geometry, prefill_models
 from prfaas.serve.openai_api import ApiError, GenRequest, load_json, parse
 from prfaas.serve.plan import live_plan_inputs
 from prfaas.serve.respond import Reply, feed, prompt_logprobs
@@ -64,7 +64,8 @@ class RouterService:
         self.manager = GlobalKVCacheManager(config.block_size_tokens)
         for w in topology.workers:
             self.manager.add_instance(w.name, w.cluster)
-        self.cluster = LiveCluster(topology, kv_geometry(topology.model, config))
+        self.cluster = LiveCluster(topology, kv_geometry(topology.model, config),
+                                   prefill_models(topology))
         self.metrics = RouterMetrics()
         self.membership = Membership(topology, self.cluster, None,
                                      on_restart=self.manager.forget_pool)
