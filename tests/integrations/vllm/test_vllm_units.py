@@ -196,3 +196,27 @@ def test_cli_bad_vllm_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "--model" in out.stderr or "--engine" in out.stderr
     out = run("vllm-model", "--arch", "gpt2", "--out", str(tmp_path / "m"))
     assert out.returncode == 2 and "gpt2" in out.stderr
+
+
+def test_router_predicts_kv_bytes_in_the_instances_dtypes(tmp_path: Path) -> None:
+    from prfaas.integrations.vllm.served_model import ServedModel
+    from prfaas.models.kv import KVGeometry, geometry
+
+    hybrid = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 64, "hidden_size": 256, "vocab_size": 1024,
+              "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+              "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+              "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+              "linear_conv_kernel_dim": 4}
+    (tmp_path / "config.json").write_text(json.dumps(hybrid))
+
+    def geo(*args: str) -> KVGeometry:
+        return geometry(ServedModel("tiny", 4096, 128, str(tmp_path), args).to_spec())
+
+    bf16, ssm32 = geo(), geo("--mamba-ssm-cache-dtype", "float32")
+    fp32 = geo("--dtype=float32")
+    assert fp32.kv_bytes_per_token == 2 * bf16.kv_bytes_per_token
+    assert ssm32.kv_bytes_per_token == bf16.kv_bytes_per_token
+    # the recurrent state doubles with the SSM cache dtype, the conv state stays in the KV's
+    assert bf16.linear_state_bytes < ssm32.linear_state_bytes < 2 * bf16.linear_state_bytes
+    assert fp32.linear_state_bytes == 2 * bf16.linear_state_bytes

@@ -42,6 +42,10 @@ class HFTokenizer:
         return text
 
 
+_DTYPES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
+           "half": "fp16"}
+
+
 def _config(model_dir: str | Path) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
@@ -58,10 +62,28 @@ class ServedModel:
     max_context_tokens: int
     block_size_tokens: int
     model_dir: str
+    args: tuple[str, ...] = ()  # the instances' vLLM arguments (--dtype, the SSM cache dtype)
 
     @classmethod
     def from_settings(cls, s: VllmSettings) -> ServedModel:
-        return cls(s.served_name, s.max_model_len, s.block_size_tokens, s.model_dir)
+        return cls(s.served_name, s.max_model_len, s.block_size_tokens, s.model_dir, s.args)
+
+    def _arg(self, flag: str) -> str | None:
+        args = list(self.args)
+        for i, a in enumerate(args):
+            if a == flag and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith(flag + "="):
+                return a.split("=", 1)[1]
+        return None
+
+    def dtypes(self) -> tuple[str, str]:
+        """The KV dtype (vLLM's --dtype; `auto` on this CPU build runs our fp32-saved models
+        in bf16) and the recurrent state's (--mamba-ssm-cache-dtype, else the KV's): what
+        the router predicts KV bytes and transfer deadlines with."""
+        kv = _DTYPES.get(str(self._arg("--dtype") or "auto"), "bf16")
+        state = _DTYPES.get(str(self._arg("--mamba-ssm-cache-dtype") or "auto")) or kv
+        return kv, state
 
     def tokenizer(self) -> HFTokenizer:
         return HFTokenizer(self.model_dir)
@@ -81,5 +103,6 @@ class ServedModel:
                                      v_head_dim=v, conv_channels=2 * heads_k * k + heads_v * v,
                                      conv_kernel=int(c["linear_conv_kernel_dim"]),
                                      variant="gdn"))
-        return ModelSpec(self.name, tuple(groups), dtype="bf16", state_dtype="bf16",
+        dtype, state_dtype = self.dtypes()
+        return ModelSpec(self.name, tuple(groups), dtype=dtype, state_dtype=state_dtype,
                          source=f"{self.model_dir}/config.json")
