@@ -43,8 +43,11 @@ def test_a_live_link_outage_loses_nothing_and_goes_local(tmp_path: Path) -> None
     scales = Scales(time=0.5, bytes=1e-2, tokens=4, output=4)
     result = outage_live(parse_outage("link@40+20"), scales, load=0.5,
                          scenario=str(write_scenario(tmp_path)))
-    live, sim = result["live"]["windows"], result["sim"]["windows"]
-    assert result["live"]["errors"] == 0
+    sim = result["sim"]["windows"]
+    for run in result["live"].values():
+        assert run["lost"] == 0, run["error_samples"]  # shed (429) is allowed in `default`
+    assert result["live"]["as_simulated"]["shed"] == 0  # no admission limit: all accepted
+    live = result["live"]["as_simulated"]["windows"]
     for name in ("before", "during", "after"):
         assert live[name]["arrived"] > 5 and live[name]["not_completed"] == 0
         assert live[name]["arrived"] == sim[name]["arrived"]  # the same workload
@@ -52,5 +55,5 @@ def test_a_live_link_outage_loses_nothing_and_goes_local(tmp_path: Path) -> None
     # live, the router learns of the partition from failed checks: most, not all, go local
     assert live["during"]["local_share"] > max(live["before"]["local_share"], 0.5)
     assert live["after"]["local_share"] < live["during"]["local_share"]  # PrfaaS used again
-    lo, hi = result["live"]["partition_window_live_s"]
+    lo, hi = result["live"]["as_simulated"]["partition_window_live_s"]
     assert hi - lo == pytest.approx(20 * 0.5, abs=1.0)

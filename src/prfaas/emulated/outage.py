@@ -14,6 +14,10 @@ flight is re-run on the local path. The live router learns of the partition only
 checks and transfers, a lag the simulator does not model; `detect_s` reports it (first arrival
 after START that went local, minus START).
 
+Live runs twice: `as_simulated`, with no admission limit (every request queues, as in the
+simulator), and `default`, with the topology's admission (a prefill queue of 32 answers 429 +
+Retry-After: those requests are shed, never accepted, and counted apart from lost ones).
+
 Figures, per side, in scenario units, for three windows of the outage's length (`before`,
 `during`, `after`, by arrival time): arrivals, TTFT mean / P50 / P99, first tokens per second in
 the window, share prefilled locally, requests not completed.
@@ -23,11 +27,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
 from prfaas.core.errors import ConfigError
+from prfaas.emulated.backend import emulated_config
 from prfaas.emulated.runs import RunRecord, deployed, from_sim, live, probe_workload
 from prfaas.emulated.scales import Scales
 from prfaas.emulated.topology import emulated_system
@@ -35,6 +41,7 @@ from prfaas.planner.search import plan_all
 from prfaas.scenario import load_scenario
 from prfaas.serve.faults import Fault, FaultRunner
 from prfaas.serve.netns import netns_available
+from prfaas.serve.resilience import AdmissionSpec
 from prfaas.sim.outages import LINK, Outage
 from prfaas.sim.policy_run import run_policy
 
@@ -96,15 +103,26 @@ def outage_live(outage: Outage, scales: Scales | None = None, load: float = 0.7,
     live_outage = Outage(LINK, outage.start_s * a, outage.duration_s * a)
     tick(f"{n} requests at {rate * a:.3f} req/s (scenario), link down "
          f"{outage.start_s:g}-{outage.end_s:g} s")
-    with deployed(es.topology) as dep:
-        tick("deployment up")
-        assert dep.netns is not None
-        runner = FaultRunner(dep.netns, Fault("partition", live_outage.start_s,
-                                              live_outage.duration_s), time.monotonic()).start()
-        rec = live(dep.url, f"emulated-{scaled.name}", workload,
-                   [p.pid for p in dep.procs.values()], seed=5)
-        runner.join()
-    tick("live run done")
+    runs = {}
+    # `as_simulated`: no admission limit, as the simulator (every request queues); `default`:
+    # the topology's admission (429 + Retry-After once a prefill queue holds 32)
+    for label, admission in (("as_simulated", AdmissionSpec(n + 1, n + 1)),
+                             ("default", es.topology.admission)):
+        topo = replace(es.topology, admission=admission)
+        with deployed(topo) as dep:
+            tick(f"{label}: deployment up")
+            assert dep.netns is not None
+            runner = FaultRunner(dep.netns, Fault("partition", live_outage.start_s,
+                                                  live_outage.duration_s),
+                                 time.monotonic()).start()
+            rec = live(dep.url, emulated_config(es.scaled).name, workload,
+                       [p.pid for p in dep.procs.values()], seed=5)
+            runner.join()
+        runs[label] = {"windows": windows(rec, outage, a), "shed": rec.shed,
+                       "lost": rec.errors - rec.shed, "error_samples": list(rec.error_samples),
+                       "admission": asdict(admission), "cpu_share": rec.cpu_share,
+                       "loadavg_1m": rec.loadavg, "partition_window_live_s": runner.window}
+        tick(f"{label}: live run done")
     sim, summary = run_policy(scaled, SYSTEM, es.topology.policy, workload,
                               threshold_tokens=es.sim_config.threshold_tokens,
                               n_p=es.sim_config.n_p, n_d=es.sim_config.n_d,
@@ -114,8 +132,6 @@ def outage_live(outage: Outage, scales: Scales | None = None, load: float = 0.7,
             "outage": outage.as_text(), "load": load,
             "rate_rps": round(rate * a, 4), "planner_capacity_rps": round(cap_live * a, 4),
             "requests": n, "units": "scenario s and req/s (live / time scale); emulated compute",
-            "live": {"windows": windows(rec, outage, a), "errors": rec.errors,
-                     "cpu_share": rec.cpu_share,
-                     "loadavg_1m": rec.loadavg, "partition_window_live_s": runner.window},
+            "live": runs,
             "sim": {"windows": windows(srec, outage, a), "lost": summary.get("lost"),
                     "rerun_requests": summary.get("rerun_requests")}}

@@ -153,6 +153,10 @@ def run_outage_command(scenario: Scenario, out_dir: Path, outage_text: str, load
     result["loadavg_start_end"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     (out_dir / "outage.json").write_text(json.dumps(result, indent=2) + "\n")
     console.print(outage_table(result))
+    for label, run in result["live"].items():
+        if run["shed"] or run["lost"]:
+            console.print(f"live, {label}: {run['shed']} shed (429/503, never accepted), "
+                          f"{run['lost']} lost; e.g. {'; '.join(run['error_samples'])[:300]}")
     console.print(f"wrote outage.json to {out_dir} in {result['wall_s']} s")
 
 
@@ -161,22 +165,20 @@ def outage_table(result: dict[str, Any]) -> Table:
                         f"{result['rate_rps']} req/s ({result['load']:.0%} of the planner's "
                         f"{result['planner_capacity_rps']}); scenario units; live = emulated "
                         "hardware")
-    for col in ("window", "TTFT mean s live / sim", "TTFT P99 s live / sim",
-                "first tokens/s live / sim", "local share live / sim", "not completed live"):
+    for col in ("run", "window", "TTFT mean s", "TTFT P99 s", "first tokens/s", "local share",
+                "not completed"):
         table.add_column(col, justify="right")
 
-    def pair(live: Any, sim: Any, fmt: str) -> str:
-        def one(v: Any) -> str:
-            return "—" if v is None else format(v, fmt)
-        return f"{one(live)} / {one(sim)}"
+    def one(v: Any, fmt: str) -> str:
+        return "—" if v is None else format(v, fmt)
 
-    lw, sw = result["live"]["windows"], result["sim"]["windows"]
-    for name in ("before", "during", "after"):
-        lv, sm = lw[name], sw[name]
-        table.add_row(f"{name} [{lv['start_s']:g}, {lv['end_s']:g})",
-                      pair(lv["ttft_s"]["mean"], sm["ttft_s"]["mean"], ".2f"),
-                      pair(lv["ttft_s"]["p99"], sm["ttft_s"]["p99"], ".2f"),
-                      pair(lv["first_tokens_per_s"], sm["first_tokens_per_s"], ".2f"),
-                      pair(lv["local_share"], sm["local_share"], ".2f"),
-                      str(lv["not_completed"]))
+    runs = {"simulator": result["sim"], **{f"live, {k}": v for k, v in result["live"].items()}}
+    for label, run in runs.items():
+        for name in ("before", "during", "after"):
+            w = run["windows"][name]
+            table.add_row(label if name == "before" else "",
+                          f"{name} [{w['start_s']:g}, {w['end_s']:g})",
+                          one(w["ttft_s"]["mean"], ".2f"), one(w["ttft_s"]["p99"], ".2f"),
+                          one(w["first_tokens_per_s"], ".2f"), one(w["local_share"], ".2f"),
+                          str(w["not_completed"]))
     return table

@@ -72,6 +72,8 @@ class RunRecord:
     cpu_share: float | None = None  # our processes' CPU / (wall x cores), live only
     loadavg: float | None = None
     errors: int = 0
+    error_samples: tuple[str, ...] = ()  # live: up to 3 distinct failure messages
+    shed: int = 0  # live: of the errors, refused with 429/503 (never accepted)
 
 
 def simulated(cfg: SystemConfig, workload: Workload) -> RunRecord:
@@ -129,4 +131,6 @@ def live(url: str, model: str, workload: Workload, pids: list[int], seed: int) -
                      finish, remote, link, float(np.nanmax(finish) - arrival.min())
                      if np.isfinite(finish).any() else wall, kv, cpu,
                      round((load0 + os.getloadavg()[0]) / 2, 2),
-                     sum(1 for r in results if not r.ok))
+                     sum(1 for r in results if not r.ok),
+                     tuple(sorted({r.error[:160] for r in results if not r.ok})[:3]),
+                     sum(1 for r in results if r.status in (429, 503)))
