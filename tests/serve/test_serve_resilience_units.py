@@ -30,6 +30,7 @@ from prfaas.serve.backends import (
 from prfaas.serve.dispatch import Dispatcher, Outcome
 from prfaas.serve.failover import guarded
 from prfaas.serve.openai_api import ApiError, parse
+from prfaas.serve.protocol import error_reply
 from prfaas.serve.resilience import RestartSpec
 from prfaas.serve.router import RouterService
 from prfaas.serve.supervisor import Supervisor
@@ -329,8 +330,7 @@ def test_a_prefill_worker_that_answers_an_error_is_not_marked_down() -> None:
         return resp
 
     async def prefill(_: web.Request) -> web.Response:
-        return web.json_response({"error": {"message": "ConnectionResetError: KV push"}},
-                                 status=502)
+        return error_reply(502, "transfer_failed", "PeerGone: send to the decoder")
 
     async def cancel(_: web.Request) -> web.Response:
         return web.json_response({})

@@ -30,8 +30,8 @@ from prfaas.serve.topology import WorkerSpec
 class AttemptFailed(Exception):
     """One attempt failed; `emitted`: tokens already reached the caller; `worker`: a worker
     that could not be reached or dropped the connection, which the router marks down at once
-    ("" when every worker answered: one that answers an error is up, e.g. a prefill worker
-    whose KV push to a dead decoder failed)."""
+    or answered a server error of its own ("" otherwise: a prefill worker whose KV push to a
+    dead decoder failed answers 502 `transfer_failed`, and it is up)."""
 
     def __init__(self, message: str, emitted: bool = False, worker: str = "") -> None:
         super().__init__(message)

@@ -95,10 +95,12 @@ class NativeBackend(WorkerBackend):
                 reply: dict[str, Any] = await resp.json(content_type=None)
                 if resp.status != 200:
                     err = reply.get("error", {}) if isinstance(reply, dict) else {}
-                    # it answered, so it is up: a 502 here is its KV push failing (the
-                    # decoder or the link is at fault, and says so itself), not this worker
+                    # it answered, so it is up; `transfer_failed` is its KV push failing
+                    # (the decoder or the link is at fault, and they say so themselves)
+                    blame = resp.status >= 500 and err.get("type") != "transfer_failed"
                     raise AttemptFailed(f"prefill {pre.name} answered HTTP {resp.status}: "
-                                        f"{err.get('message', reply)}")
+                                        f"{err.get('message', reply)}",
+                                        worker=pre.name if blame else "")
                 return reply
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise AttemptFailed(f"prefill {pre.name}: {type(exc).__name__}: {exc}",

@@ -141,9 +141,11 @@ class VllmBackend(WorkerBackend):
             raise AttemptFailed(f"prefill {pre.name}: {type(exc).__name__}: {exc}",
                                 worker=pre.name) from exc
         if resp.status != 200 or not isinstance(reply, dict):
-            # it answered, so it is up (see native.py): not a passive mark on it
+            # a 5xx from vLLM's API server is its engine failing (EngineDeadError): down;
+            # a KV send that fails does not fail the producer's request (the consumer reports)
             raise AttemptFailed(f"prefill {pre.name} answered HTTP {resp.status}: "
-                                f"{str(reply)[:300]}")
+                                f"{str(reply)[:300]}",
+                                worker=pre.name if resp.status >= 500 else "")
         details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
         report.prefill_done = True
         report.prefill_s = time.monotonic() - t0
