@@ -57,3 +57,23 @@ def test_a_live_link_outage_loses_nothing_and_goes_local(tmp_path: Path) -> None
     assert live["after"]["local_share"] < live["during"]["local_share"]  # PrfaaS used again
     lo, hi = result["live"]["as_simulated"]["partition_window_live_s"]
     assert hi - lo == pytest.approx(20 * 0.5, abs=1.0)
+
+
+def test_fluctuation_counts_what_the_policy_offered_the_link_failures_included() -> None:
+    """A request sent to PrfaaS whose transfer failed and was retried locally was still offered
+    to the link: the dip's offered egress counts it (first_route), the offload share does not."""
+    from prfaas.emulated.fluctuation import _figures
+
+    sc = Scales(time=0.5, bytes=1e-2, tokens=4, output=4)
+    arrival = np.array([0.0, 1.0, 2.0, 3.0])
+    ready = arrival + 0.5
+    finish = ready + 1.0
+    remote = np.array([True, False, False, True])  # request 1 was retried locally
+    offered = np.array([True, True, False, True])
+    rec = RunRecord(judge(1.0, arrival, ready, finish), arrival, ready, finish, remote, 0.0,
+                    4.0, offered=offered)
+    kv = np.array([1e6, 2e6, 4e6, 8e6])
+    fig = _figures(rec, 0.5, 2.5, sc, kv)  # the dip holds arrivals 1 and 2
+    assert fig["dip_offered_egress_gbps"] == pytest.approx(2e6 * 8 / 2.0 / 1e9 * 0.5 / 1e-2,
+                                                           rel=1e-3)
+    assert fig["dip_offload_fraction"] == 0.0 and fig["dip_offered_fraction"] == 0.5

@@ -10,6 +10,7 @@ client-side end-to-end time. Every request has a timeout; failures are recorded,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -64,7 +65,10 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, index: int,
             res.status = resp.status
             if resp.status != 200:
                 res.retry_after = resp.headers.get("Retry-After")
-                res.error = (await resp.text())[:300]
+                text = await resp.text()
+                res.error = text[:300]
+                with contextlib.suppress(ValueError, AttributeError):
+                    res.prfaas = dict(json.loads(text).get("prfaas") or {})  # where it went
                 return res
             async for raw in resp.content:
                 line = raw.decode().strip()

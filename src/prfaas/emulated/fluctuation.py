@@ -81,16 +81,20 @@ def _schedule_thread(dep: Deployment, points: list[tuple[float, float]], t0: flo
     return thread
 
 
-def _figures(rec: RunRecord, start: float, end: float, sc: Scales) -> dict[str, Any]:
-    """In scenario units: offered KV during the dip (Gbps), dip and overall P99 TTFT (s)."""
+def _figures(rec: RunRecord, start: float, end: float, sc: Scales, kv_size: np.ndarray
+             ) -> dict[str, Any]:
+    """In scenario units: KV offered to the link during the dip (Gbps: the KV size of each dip
+    arrival the policy sent to PrfaaS, failed transfers included, over the dip's length), dip
+    and overall P99 TTFT (s), the share of dip arrivals offloaded in the end."""
     a = sc.time
     ttft = rec.ready_s - rec.arrival_s
     dip = (rec.arrival_s >= start) & (rec.arrival_s < end)
-    kv = rec.kv_bytes if rec.kv_bytes is not None else np.zeros(rec.arrival_s.size)
-    offered_bps_live = float(kv[rec.remote & dip].sum()) * 8 / (end - start)
+    offered = rec.offered if rec.offered is not None else rec.remote
+    offered_bps_live = float(kv_size[offered & dip].sum()) * 8 / (end - start)
     return {"dip_offered_egress_gbps": round(offered_bps_live / 1e9 * a / sc.bytes, 3),
             "dip_ttft_p99_s": round(float(np.nanpercentile(ttft[dip], 99)) / a, 3),
             "dip_offload_fraction": round(float(rec.remote[dip].mean()), 4),
+            "dip_offered_fraction": round(float(offered[dip].mean()), 4),
             "ttft_p99_s": round(float(np.nanpercentile(ttft, 99)) / a, 3),
             "completed": int(np.isfinite(rec.finish_s).sum()), "requests": int(ttft.size)}
 
@@ -119,6 +123,8 @@ def fluctuation_live(scales: Scales | None = None, plan: DipPlan | None = None,
                            "threshold_tokens_live": base.topology.policy_args.get(
                                "threshold_tokens"), "policies": {}}
     window = (dp.dip_start_s * a, dp.dip_end_s * a)
+    kv_size = np.array([base.scaled.layout.size_bytes(int(n)) for n in workload.input_tokens],
+                       dtype=float)
     for policy in POLICIES:
         args = {"controller": ctl} if policy.endswith("+controller") else {}
         es = emulated_system(s, "prfaas_pd", sc, link_emulation="netns", policy=policy,
@@ -139,8 +145,8 @@ def fluctuation_live(scales: Scales | None = None, plan: DipPlan | None = None,
                                   controller=ctl if args else None,
                                   kv_layers=es.scaled.layout.num_layers)
         srec = from_sim(sim, workload)
-        out["policies"][policy] = {"live": _figures(rec, *window, sc),
-                                   "sim": _figures(srec, *window, sc),
+        out["policies"][policy] = {"live": _figures(rec, *window, sc, kv_size),
+                                   "sim": _figures(srec, *window, sc, kv_size),
                                    "cpu_share": round(rec.cpu_share or 0.0, 4),
                                    "loadavg_1m": rec.loadavg, "errors": rec.errors,
                                    "sim_threshold_history": summary.get("threshold_history")}

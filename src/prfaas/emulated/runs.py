@@ -74,6 +74,8 @@ class RunRecord:
     errors: int = 0
     error_samples: tuple[str, ...] = ()  # live: up to 3 distinct failure messages
     shed: int = 0  # live: of the errors, refused with 429/503 (never accepted)
+    offered: np.ndarray | None = None  # bool: the policy sent it to PrfaaS first (live:
+    # `first_route`, before any retry moved it local; simulated: `remote`)
 
 
 def simulated(cfg: SystemConfig, workload: Workload) -> RunRecord:
@@ -86,7 +88,8 @@ def from_sim(sim: Any, workload: Workload) -> RunRecord:
     finish = np.asarray(log.finish_s)
     return RunRecord(judge(workload.offered_rps(), arrival, ready, finish), arrival, ready,
                      finish, np.asarray(log.remote, dtype=bool), float(sim.link.bytes_sent),
-                     float(np.nanmax(finish) - arrival.min()), np.asarray(log.kv_bytes))
+                     float(np.nanmax(finish) - arrival.min()), np.asarray(log.kv_bytes),
+                     offered=np.asarray(log.remote, dtype=bool))
 
 
 def prompts(workload: Workload, seed: int) -> list[BenchRequest]:
@@ -125,6 +128,8 @@ def live(url: str, model: str, workload: Workload, pids: list[int], seed: int) -
     finish = np.array([r.sent_s + r.e2e_s if r.ok and r.e2e_s is not None else nan
                        for r in results])
     remote = np.array([r.prfaas.get("route") == "prfaas" for r in results], dtype=bool)
+    offered = np.array([(r.prfaas.get("first_route") or r.prfaas.get("route")) == "prfaas"
+                        for r in results], dtype=bool)
     kv = np.array([float(r.prfaas.get("kv_bytes", 0) or 0) for r in results])
     link = float(kv[remote].sum())
     return RunRecord(judge(workload.offered_rps(), arrival, ready, finish), arrival, ready,
@@ -133,4 +138,4 @@ def live(url: str, model: str, workload: Workload, pids: list[int], seed: int) -
                      round((load0 + os.getloadavg()[0]) / 2, 2),
                      sum(1 for r in results if not r.ok),
                      tuple(sorted({r.error[:160] for r in results if not r.ok})[:3]),
-                     sum(1 for r in results if r.status in (429, 503)))
+                     sum(1 for r in results if r.status in (429, 503)), offered)

@@ -48,6 +48,7 @@ class Outcome:
     """What the `prfaas` object of a response reports, filled as the request runs."""
 
     route: str = ""
+    first_route: str = ""  # the policy's choice, before any retry moved the request
     prefill_node: str = ""
     decode_node: str = ""
     threshold_tokens: int | None = None
@@ -68,7 +69,8 @@ class Outcome:
     prompt_logprobs: list[Any] | None = None  # echo + logprobs: the prefill's, for the prompt
 
     def to_json(self) -> dict[str, Any]:
-        return {"route": self.route, "prefill_node": self.prefill_node,
+        return {"route": self.route, "first_route": self.first_route,
+                "prefill_node": self.prefill_node,
                 "decode_node": self.decode_node, "cached_tokens": self.cached_tokens,
                 "decode_cached_tokens": self.decode_cached_tokens, "kv_bytes": self.kv_bytes,
                 "threshold_tokens": self.threshold_tokens, "prefill_s": self.prefill_s,
@@ -186,6 +188,7 @@ class Dispatcher:
 
     def _describe(self, decision: RouteDecision, out: Outcome) -> None:
         out.route = decision.route.value
+        out.first_route = out.first_route or out.route
         out.prefill_node = decision.prefill_instance
         out.decode_node = decision.decode_instance or ""
         out.threshold_tokens = decision.threshold_tokens
