@@ -30,7 +30,10 @@ def test_serve_cli_starts_and_sigint_stops_all(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "prfaas", "serve", "--topology", str(path),
                              "--port", "0", "--threshold", "100", "--log-dir", str(logs)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # its own group: cleanup reaches children
+                            start_new_session=True,  # its own group: cleanup reaches children
+                            # as a background job of a non-interactive shell (a CI script)
+                            # starts it: SIGINT ignored, which Python keeps ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         url, deadline = None, time.monotonic() + 600
         assert proc.stdout is not None

@@ -71,7 +71,10 @@ def command(topology_path: str | None, port: int | None, policy: str | None,
     key = check_key(api_key, "--api-key") if api_key is not None else None
     deployment = Deployment(topo, log_dir, log=lambda m: click.echo(f"launcher: {m}", err=True),
                             api_key=key)
-    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    # SIGINT too, explicitly: a process started in the background of a non-interactive shell
+    # (CI scripts, `cmd &`) inherits SIGINT ignored, and Python then leaves it ignored, so
+    # `kill -INT` would not stop the deployment
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         click.echo(f"starting {len(topo.workers)} workers + router of '{topo.name}' "
                    f"(logs in {deployment.log_dir})")
@@ -86,4 +89,5 @@ def command(topology_path: str | None, port: int | None, policy: str | None,
         click.echo("stopping")
     finally:
         deployment.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
