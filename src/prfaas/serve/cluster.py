@@ -7,9 +7,9 @@ seconds until it has drained, `busy_until - now`, where each dispatch adds its p
 after the current backlog (workers prefill FIFO) and each finished prefill resets it to now
 plus the work still queued behind it. A prefill's work is predicted from the worker's cost
 model when one is known (`prefill_models`: an emulated worker's hardware profile, T(l) =
-c2 l^2 + c1 l + c0, times an EWMA of measured / predicted), else from the worker's measured
-seconds per computed token (an EWMA; a prior until then), which misjudges long prompts under
-quadratic attention cost. KV transfer time comes from the model's KV geometry and the
+c2 l^2 + c1 l + c0, times an EWMA of measured / predicted), else from the seconds per
+computed token of the worker's last report (a prior until then), which misjudges long prompts
+under quadratic attention cost. KV transfer time comes from the model's KV geometry and the
 topology's link rate. The link status is what the threshold controller and the
 cache-aware regime switch read: capacity = the topology's `link.rate_gbps` (the token bucket's
 rate) or what link telemetry last reported (`POST /link {capacity_gbps}` on the router),
