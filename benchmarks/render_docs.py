@@ -494,6 +494,49 @@ def sim_vs_live_calibration(load: Loader) -> str:
     return "\n".join(lines)
 
 
+@table("policy-table")
+def policy_table(load: Loader) -> str:
+    """docs/policies.md: the policy table, means over seeds (policies.json)."""
+    lines = [
+        _cells(["policy", "throughput (req/s)", "TTFT mean (s)", "P90", "P99", "hit fraction",
+                "offload", "egress (Gbps)", "rejected"]),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in load("policies.json")["policy_table"].items():
+        m = row["mean"]
+        lines.append(_cells([
+            name, f"{m['throughput_rps']:.2f}", f"{m['ttft_mean_s']:.2f}",
+            f"{m['ttft_p90_s']:.2f}", f"{m['ttft_p99_s']:.2f}",
+            f"{m['prefix_hit_fraction']:.3f}", f"{m['offload_fraction']:.2f}",
+            f"{m['egress_mean_gbps']:.2f}", f"{m['rejected']:.1f}",
+        ]))
+    return "\n".join(lines)
+
+
+@table("link-fluctuation")
+def link_fluctuation(load: Loader) -> str:
+    """docs/policies.md: the simulated link dip per seed (policies.json)."""
+    lf = load("policies.json")["link_fluctuation"]
+    t = lf["static_t"] / 1000
+    lines = [
+        _cells(["policy", "P99 TTFT, arrivals in the dip (s)",
+                f"offered egress in the dip (Gbps, capacity {lf['dip_gbps']:g})",
+                "P99 TTFT whole run (s)", f"t back within 10% of {t:g}K after recovery (s)"]),
+        "|---|---|---|---|---|",
+    ]
+    for name, run in lf["runs"].items():
+        seeds, mean = run["seeds"], run["mean"]
+        dip = " / ".join(f"{x['dip_ttft_p99_s']:.1f}" for x in seeds)
+        back = [x["t_recovered_after_s"] for x in seeds]
+        lines.append(_cells([
+            name, f"{dip} (mean {mean['dip_ttft_p99_s']:.1f})",
+            " / ".join(f"{x['dip_offered_egress_gbps']:.2f}" for x in seeds),
+            f"{mean['ttft_p99_s']:.1f}",
+            "— (fixed t)" if None in back else " / ".join(f"{x:g}" for x in back),
+        ]))
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Mismatch:
     doc: str
