@@ -537,6 +537,38 @@ def link_fluctuation(load: Loader) -> str:
     return "\n".join(lines)
 
 
+@table("transport-side-by-side")
+def transport_side_by_side(load: Loader) -> str:
+    """docs/wire-format.md: four transports at 1/2/4/8 connections (transport.json)."""
+    data = load("transport.json")
+    runs, ratios = data["unshaped_side_by_side"], data["ratios"]
+    lines = [
+        _cells(["conn.", "plain socket", "prfaas plaintext (fresh buffers)", "ratio",
+                "prfaas plaintext, arena", "ratio", "plain TLS socket", "prfaas TLS", "ratio"]),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, conns in enumerate(ratios["connections"]):
+        bold = conns >= 4  # the goal's connection counts
+
+        def ratio(name: str, i: int = i, bold: bool = bold) -> str:
+            shown = f"{ratios[name][i]:.2f}"
+            fresh = name == "prfaas_plaintext_over_plain_socket"  # not the goal's comparison
+            return f"**{shown}**" if bold and not fresh else shown
+
+        plain = f"{runs['plain_socket'][i]['goodput_gbps']:.2f}"
+        lines.append(_cells([
+            str(conns), plain + (" Gbps" if i == 0 else ""),
+            f"{runs['prfaas_plaintext'][i]['goodput_gbps']:.2f}",
+            ratio("prfaas_plaintext_over_plain_socket"),
+            f"{runs['prfaas_plaintext_arena'][i]['goodput_gbps']:.2f}",
+            ratio("prfaas_plaintext_arena_over_plain_socket"),
+            f"{runs['plain_tls_socket'][i]['goodput_gbps']:.2f}",
+            f"{runs['prfaas_tls'][i]['goodput_gbps']:.2f}",
+            ratio("prfaas_tls_over_plain_tls_socket"),
+        ]))
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Mismatch:
     doc: str
