@@ -95,11 +95,18 @@ class _ReadList(list[Any]):
     def __getitem__(self, key: Any) -> Any:
         value = super().__getitem__(key)
         if isinstance(key, int) and not isinstance(value, dict | list):
-            self.reads.add((*self.path, key % len(self)))
+            self.reads.add((*self.path, key % super().__len__()))
         return value
 
     def __iter__(self) -> Any:
-        return (self[i] for i in range(len(self)))
+        return (self[i] for i in range(super().__len__()))
+
+    def __len__(self) -> int:
+        self.reads.add((*self.path, LENGTH))
+        return super().__len__()
+
+
+LENGTH = "<length>"  # a read of a list's length; changed by appending a copy of its last item
 
 
 def _recording(x: Any, path: tuple[Any, ...], reads: set[tuple[Any, ...]]) -> Any:
@@ -121,7 +128,10 @@ def _with_leaf_changed(doc: Any, path: tuple[Any, ...], up: bool = True) -> Any:
     node = changed
     for key in path[:-1]:
         node = node[key]
-    node[path[-1]] = _perturbed(node[path[-1]], up)
+    if path[-1] == LENGTH:
+        node.append(copy.deepcopy(node[-1])) if up else node.pop()
+    else:
+        node[path[-1]] = _perturbed(node[path[-1]], up)
     return changed
 
 
@@ -189,6 +199,7 @@ def test_expressions() -> None:
     assert rd.evaluate('$["k v"].x * 2', doc) == 14
     assert rd.evaluate("mean($.runs[*].b)", doc) == 2.0
     assert rd.evaluate("len($.runs)", doc) == 2
+    assert _leaves_read("len($.runs)", doc) == {("runs", LENGTH)}
     assert rd.Figure.parse("f.json $.runs[0].a * 100 fmt=.1f").render(lambda n: doc) == "200.0"
 
 
