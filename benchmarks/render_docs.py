@@ -569,6 +569,27 @@ def transport_side_by_side(load: Loader) -> str:
     return "\n".join(lines)
 
 
+@table("sim-startup")
+def sim_startup(load: Loader) -> str:
+    """docs/simulator.md: whole-process start-up before and after issue 14 (sim.json)."""
+    st = load("sim.json")["startup"]
+    b, a = st["before"], st["after"]
+    rows = [
+        (f"`{b['plan']['command']}`", "plan", "process_wall_s"),
+        ("of which the grid search it reports", "plan", "work_s"),
+        ('`python -c "import prfaas.cli.plan"`', "plan", "import_process_s"),
+        (f"`{b['simulate']['command']}`", "simulate", "process_wall_s"),
+        ("of which the event loop it reports", "simulate", "work_s"),
+        ("outside the loop (interpreter, imports, scenario, plan, output)", "simulate",
+         "outside_work_s"),
+        ('`python -c "import prfaas.cli.simulate"`', "simulate", "import_process_s"),
+    ]
+    lines = ["| | before | after |", "|---|---|---|"]
+    for label, cmd, key in rows:
+        lines.append(_cells([label, f"{b[cmd][key]:.2f} s", f"{a[cmd][key]:.2f} s"]))
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Mismatch:
     doc: str
