@@ -590,6 +590,50 @@ def sim_startup(load: Loader) -> str:
     return "\n".join(lines)
 
 
+@table("planner-reproduction")
+def planner_reproduction(load: Loader) -> str:
+    """docs/planner.md: the paper-mode plan beside Table 6 (reproduce.json)."""
+    data = load("reproduce.json")
+    ours, paper = data["planner"]["paper"], data["reference"]
+    pp, rp = ours["prfaas_pd"], paper["prfaas_pd"]
+
+    def rel(a: float, b: float, digits: int = 1) -> str:
+        return f"{(a / b - 1) * 100:+.{digits}f}%"
+
+    def split(x: dict[str, Any], keys: tuple[str, ...]) -> str:
+        return " / ".join(str(x[k]) for k in keys)
+
+    def ttft(x: dict[str, Any]) -> str:
+        return f"{x['ttft_mean_s']:.2f} / {x['ttft_p90_s']:.2f} s"
+
+    keys = ("n_prfaas", "n_p", "n_d")
+    rows = [
+        ["t", f"{pp['threshold_tokens'] / 1000:.1f}K", f"{rp['threshold_tokens'] / 1000:.1f}K",
+         rel(pp["threshold_tokens"], rp["threshold_tokens"])],
+        ["N_prfaas / N_p / N_d", split(pp, keys), split(rp, keys),
+         "exact" if split(pp, keys) == split(rp, keys) else "differs"],
+    ]
+    for name, label in (("prfaas_pd", "PrfaaS-PD"), ("homogeneous_pd", "homogeneous"),
+                        ("naive_heterogeneous", "naive heterogeneous")):
+        o, r = ours[name], paper[name]
+        split_of = {"homogeneous_pd": ("n_p", "n_d"), "naive_heterogeneous": ("n_prfaas", "n_d")}
+        suffix = f" ({split(o, split_of[name])})" if name in split_of else ""
+        rows.append([f"Λmax {label}{suffix}", f"{o['lambda_max']:.2f}", f"{r['lambda_max']:.2f}",
+                     rel(o["lambda_max"], r["lambda_max"])])
+    rows += [
+        ["offload fraction", f"{pp['offload_fraction']:.3f}", f"{rp['offload_fraction']:.3f}",
+         f"{pp['offload_fraction'] - rp['offload_fraction']:+.3f}"],
+        ["E[L \\| L > t]", f"{pp['l_long_tokens'] / 1000:.1f}K",
+         f"≈{rp['l_long_tokens'] / 1000:.0f}K", rel(pp["l_long_tokens"], rp["l_long_tokens"], 0)],
+        ["egress", f"{pp['egress_gbps']:.1f} Gbps", f"{rp['egress_gbps']:g} Gbps",
+         rel(pp["egress_gbps"], rp["egress_gbps"])],
+    ]
+    for name, label in (("prfaas_pd", "PrfaaS-PD"), ("homogeneous_pd", "homogeneous"),
+                        ("naive_heterogeneous", "naive")):
+        rows.append([f"TTFT mean / P90 {label}", ttft(ours[name]), ttft(paper[name]), ""])
+    return "\n".join(["| | ours | paper | error |", "|---|---|---|---|", *map(_cells, rows)])
+
+
 @dataclass(frozen=True)
 class Mismatch:
     doc: str
