@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _load_renderer() -> Any:
+    sys.path.insert(0, str(REPO / "benchmarks"))  # as when run as a script: doc_tables beside it
     spec = importlib.util.spec_from_file_location("render_docs", REPO / "benchmarks/render_docs.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -1,0 +1,444 @@
+"""The generated blocks of the docs: `<!-- table NAME -->` ... `<!-- /table -->`.
+
+Each function takes a loader (results file name, relative to benchmarks/results/ -> its parsed
+JSON) and returns the block's markdown; `@table(NAME)` registers it for render_docs.py. A table
+prints only what its results files hold: a column with no data behind it stays out of the
+generated block (the doc says where such a figure came from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Loader = Callable[[str], Any]
+
+
+TableFn = Callable[[Loader], str]  # the block's markdown, without the marker lines
+TABLES: dict[str, TableFn] = {}
+
+
+def table(name: str) -> Callable[[TableFn], TableFn]:
+    def register(fn: TableFn) -> TableFn:
+        TABLES[name] = fn
+        return fn
+
+    return register
+
+
+def _cells(row: list[str]) -> str:
+    return "|" + "|".join(f" {c} " if c else " " for c in row) + "|"
+
+
+@table("serve-policies")
+def serve_policies(load: Loader) -> str:
+    """README: `prfaas bench` on the local topology, one row per policy (serve.json)."""
+    runs = load("serve.json")["runs"]
+    label = {"prfaas-threshold": "prfaas-threshold (t=1024)"}
+    lines = [
+        _cells(["policy", "routes", "TTFT mean / p50 / p90", "TPOT mean / p90",
+                "router's own time per request"]),
+        "|---|---|---|---|---|",
+    ]
+    for i, name in enumerate(sorted(runs, key=lambda n: n != "prfaas-threshold")):
+        run = runs[name]
+        ttft, tpot = run["ttft_s"], run["tpot_s"]
+        routes = ", ".join(f"{n} {r}" for r, n in sorted(run["routes"].items(), reverse=True))
+        share = f"{run['router_overhead_fraction_of_e2e']['mean']:.2%}"
+        lines.append(_cells([
+            label.get(name, name),
+            routes,
+            f"{ttft['mean']:.2f} / {ttft['p50']:.2f} / {ttft['p90']:.2f} s",
+            f"{tpot['mean'] * 1e3:.1f} / {tpot['p90'] * 1e3:.1f} ms",
+            f"{run['router_overhead_s']['mean'] * 1e3:.1f} ms"
+            + (f" ({share} of end to end)" if i == 0 else f" ({share})"),
+        ]))
+    return "\n".join(lines)
+
+
+def _s(x: float) -> str:
+    """Seconds as the fault tables print them: 3 significant digits, at least 2 decimals."""
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def _fault_label(fault: dict[str, Any], link_gbps: float) -> str:
+    d = f"{fault['duration_s']:g} s"
+    if fault["kind"] == "partition":
+        return f"partition {d}"
+    if fault["kind"] == "rate-drop":
+        mbit = link_gbps * 1000
+        return f"rate {mbit:g} -> {mbit / fault['factor']:g} Mbit/s for {d}"
+    if fault["kind"] == "flap":
+        return f"flapping {fault['period_s']:g} s down / {fault['period_s']:g} s up, {d}"
+    return f"RTT +{fault['delay_ms']:g} ms for {d}"
+
+
+@table("faults")
+def faults(load: Loader) -> str:
+    """docs/serving.md: one row per link fault of bench_faults.py (faults.json)."""
+    data = load("faults.json")
+    rate = data["topology"]["link"]["rate_gbps"]
+    lines = [
+        _cells(["fault", "sent", "completed", "shed", "lost", "TTFT P50 / P99 (all)",
+                "during the window: TTFT P50 / P99, prefilled locally"]),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in data["faults"]:
+        w = f["during"]
+        lines.append(_cells([
+            _fault_label(f["fault"], rate), str(f["sent"]), str(f["completed"]), str(f["shed"]),
+            str(f["lost"]), f"{_s(f['ttft_p50_s'])} / {_s(f['ttft_p99_s'])} s",
+            f"{_s(w['ttft_p50_s'])} / {_s(w['ttft_p99_s'])} s, {w['share_local']:.0%}",
+        ]))
+    return "\n".join(lines)
+
+
+@table("faults-rtt-control")
+def faults_rtt_control(load: Loader) -> str:
+    """docs/serving.md: the RTT fault at 0, 30, 0 ms on one deployment (faults_rtt_control.json)."""
+    lines = [
+        _cells(["delay", "completed / shed / lost", "TTFT P50 / P99 (all)",
+                "during: TTFT P50, local"]),
+        "|---|---|---|---|",
+    ]
+    for f in load("faults_rtt_control.json")["runs"]:
+        w = f["during"]
+        lines.append(_cells([
+            f"{f['fault']['delay_ms']:g} ms", f"{f['completed']} / {f['shed']} / {f['lost']}",
+            f"{_s(f['ttft_p50_s'])} / {_s(f['ttft_p99_s'])} s",
+            f"{_s(w['ttft_p50_s'])} s, {w['share_local']:.0%}",
+        ]))
+    return "\n".join(lines)
+
+
+FAULTS_OUTPUT_TOKENS = 8  # bench_faults.MAX_TOKENS, with ignore_eos: tokens/s = 8 x completions/s
+
+
+@table("faults-outage")
+def faults_outage(load: Loader) -> str:
+    """docs/serving.md: the remote outage of bench_faults.py by phase (faults.json)."""
+    outage = load("faults.json")["outage"]
+    lines = [
+        _cells(["phase", "sent", "lost", "TTFT mean / P50 / P90", "completions/s (tokens/s)",
+                "prefilled locally"]),
+        "|---|---|---|---|---|---|",
+    ]
+    for name, ph in outage["phases"].items():
+        tps = ph["throughput_tokens_per_s"]
+        lines.append(_cells([
+            f"{name} ({outage[name + '_s']:g} s)", str(ph["sent"]), str(ph["lost"]),
+            f"{ph['ttft_mean_s']:.2f} / {ph['ttft_p50_s']:.2f} / {ph['ttft_p90_s']:.2f} s",
+            f"{tps / FAULTS_OUTPUT_TOKENS:.1f} ({tps:.1f})", f"{ph['share_local']:.0%}",
+        ]))
+    return "\n".join(lines)
+
+
+@table("outage-live-vs-sim")
+def outage_live_vs_sim(load: Loader) -> str:
+    """docs/serving.md: the case study's link outage live and simulated, by arrival window.
+
+    shed = the window's requests not completed (refused with 429); lost = the run's lost."""
+    data = load("live/outage-paper-case-study-run1.json")
+    live = data["live"]
+    admission = live["default"]["admission"]["max_queued_per_prefill"]
+    runs = [("simulator", data["sim"]),
+            ("live, no admission limit (as simulated)", live["as_simulated"]),
+            (f"live, default admission ({admission} per prefill queue)", live["default"])]
+    lines = [
+        _cells(["run", "window", "TTFT mean / P50 / P99 s", "first tokens/s",
+                "prefilled locally", "shed / lost"]),
+        "|---|---|---|---|---|---|",
+    ]
+    for label, run in runs:
+        for i, (name, w) in enumerate(run["windows"].items()):
+            t = w["ttft_s"]
+            where = f"{name} [{w['start_s']:g}, {w['end_s']:g})" if run is data["sim"] else name
+            lines.append(_cells([
+                label if i == 0 else "", where,
+                f"{_g(t['mean'])} / {_g(t['p50'])} / {_g(t['p99'])}",
+                f"{w['first_tokens_per_s']:.2f}", f"{w['local_share']:.0%}",
+                f"{w['not_completed']} / {run['lost']}",
+            ]))
+    return "\n".join(lines)
+
+
+def _g(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+@table("serve-bench")
+def serve_bench(load: Loader) -> str:
+    """docs/serving.md: `prfaas bench` on the local topology, with e2e (serve.json)."""
+    runs = load("serve.json")["runs"]
+    lines = [
+        _cells(["policy", "routes", "TTFT mean / p50 / p90", "TPOT mean / p90", "e2e mean",
+                "router overhead mean (share of e2e)"]),
+        "|---|---|---|---|---|---|",
+    ]
+    for name in sorted(runs, key=lambda n: n != "prfaas-threshold"):
+        run = runs[name]
+        ttft, tpot = run["ttft_s"], run["tpot_s"]
+        routes = ", ".join(f"{n} {r}" for r, n in sorted(run["routes"].items(), reverse=True))
+        lines.append(_cells([
+            "prfaas-threshold (t=1024)" if name == "prfaas-threshold" else name, routes,
+            f"{ttft['mean']:.2f} / {ttft['p50']:.2f} / {ttft['p90']:.2f} s",
+            f"{tpot['mean'] * 1e3:.1f} / {tpot['p90'] * 1e3:.1f} ms",
+            f"{run['e2e_s']['mean']:.2f} s",
+            f"{run['router_overhead_s']['mean'] * 1e3:.1f} ms "
+            f"({run['router_overhead_fraction_of_e2e']['mean']:.2%})",
+        ]))
+    return "\n".join(lines)
+
+
+@table("vllm-bench-serve")
+def vllm_bench_serve(load: Loader) -> str:
+    """docs/serving.md: `vllm bench serve` against the native router (vllm_bench_serve.json)."""
+    label = {"openai": "openai (completions)"}
+    lines = [
+        _cells(["backend", "ok / failed", "routes", "TTFT mean / median / p99",
+                "TPOT mean / median / p99", "throughput"]),
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in load("vllm_bench_serve.json")["results"].items():
+        routes = ", ".join(f"{n:g} {k}" for k, n in sorted(r["routes"].items(), reverse=True))
+        tokens_per_s = (r["total_input_tokens"] + r["total_output_tokens"]) / r["duration"]
+        lines.append(_cells([
+            label.get(name, name), f"{r['completed']} / {r['failed']}", routes,
+            f"{r['mean_ttft_ms'] / 1e3:.2f} / {r['median_ttft_ms'] / 1e3:.2f} / "
+            f"{r['p99_ttft_ms'] / 1e3:.2f} s",
+            f"{r['mean_tpot_ms']:.1f} / {r['median_tpot_ms']:.1f} / {r['p99_tpot_ms']:.1f} ms",
+            f"{r['request_throughput']:.2f} req/s, {tokens_per_s:.0f} tok/s",
+        ]))
+    return "\n".join(lines)
+
+
+@table("sim-vs-live")
+def sim_vs_live(load: Loader) -> str:
+    """docs/sim-vs-live.md: the committed quiet run, live beside sim (sim_vs_live.json)."""
+    runs = load("sim_vs_live.json")["runs"]
+    head = [""]
+    for r in runs:
+        pct = f"{r['load_fraction']:.0%} load"
+        head += [f"{pct}: live", "sim", "live/sim"]
+    lines = [_cells(head), "|" + "---|" * len(head)]
+
+    def row(label: str, get: Callable[[dict[str, Any]], float], fmt: str, ratio: str = ".2f",
+            key: str | None = None) -> None:
+        cells = [label]
+        for r in runs:
+            live, sim = get(r["live"]), get(r["sim"])
+            shown = r["live_over_sim"][key] if key else live / sim
+            cells += [format(live, fmt), format(sim, fmt), format(shown, ratio)]
+        lines.append(_cells(cells))
+
+    def ttft(q: str) -> Callable[[dict[str, Any]], float]:
+        return lambda w: float(w["ttft_s"][q])
+
+    for q, name in (("mean", "ttft_mean"), ("p50", "ttft_p50"), ("p90", "ttft_p90")):
+        row(f"TTFT {q.upper() if q != 'mean' else q} (s)", ttft(q), ".3f", key=name)
+    cells = ["TTFT mean, PrfaaS route / PD route (s)"]
+    for r in runs:
+        for side in ("live", "sim"):
+            by = r[side]["ttft_s_by_route"]
+            cells.append(f"{by['prfaas']['mean']:.3f} / {by['pd']['mean']:.3f}")
+        cells.append("")
+    lines.append(_cells(cells))
+    row("offload fraction", lambda w: w["offload_fraction"], ".2f")
+    row("KV bytes over the inter-DC link (MB)", lambda w: w["kv_bytes_over_link"] / 1e6, ".1f",
+        key="kv_bytes")
+    row("throughput (req/s, n / (last finish − first arrival))",
+        lambda w: w["throughput"]["requests_per_s"], ".3f", key="throughput")
+    cells = ["per-request TTFT correlation"]
+    for r in runs:
+        cells += [f"{r['live_over_sim']['ttft_per_request_corr']:.3f}", "", ""]
+    lines.append(_cells(cells))
+    return "\n".join(lines)
+
+
+def _load_range(values: list[float]) -> str:
+    return f"{min(values):.1f}–{max(values):.1f}"
+
+
+@table("sim-vs-live-calibration")
+def sim_vs_live_calibration(load: Loader) -> str:
+    """docs/sim-vs-live.md: per-request error of the simulator, emulated and torch runs.
+
+    The quiet torch run's JSON keeps per-request TTFTs only: its errors are computed here with
+    the project's own `per_request_error`, as the loaded run's were when it was written."""
+    from prfaas.bench.calibration import per_request_error
+
+    names = {"prfaas_pd": "PrfaaS-PD", "homogeneous_pd": "homogeneous PD",
+             "naive_heterogeneous": "naive heterogeneous"}
+    lines = [
+        _cells(["backend, system, load", "host load avg", "TTFT MAPE", "TTFT P50 err",
+                "TTFT P90 err", "E2E MAPE", "E2E P50 err", "E2E P90 err"]),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def add(
+        label: str, loads: list[float], ttft: dict[str, Any], e2e: dict[str, Any] | None
+    ) -> None:
+        errs = [ttft["mape"], ttft["p50_err"], ttft["p90_err"]]
+        more = [e2e["mape"], e2e["p50_err"], e2e["p90_err"]] if e2e else None
+        lines.append(_cells([label, _load_range(loads), *(f"{x:.1%}" for x in errs),
+                             *((f"{x:.1%}" for x in more) if more else ["—"] * 3)]))
+
+    for run in ("run3", "run1"):
+        data = load(f"live/paper-case-study-{run}.json")
+        loads = list(data["loadavg_start_end"]) + [
+            r["live"]["loadavg_1m"] for s in data["systems"].values() for r in s["runs"]]
+        for name, system in data["systems"].items():
+            cal = system["calibration"]["own70"]
+            add(f"emulated, {names[name]}, 70% ({run.replace('run', 'run ')})", loads,
+                cal["ttft"], cal["e2e"])
+    for file, host in (("sim_vs_live.json", "quiet"), ("sim_vs_live_loaded.json", "loaded")):
+        for r in load(file)["runs"]:
+            cal = r.get("calibration")
+            if cal is None:
+                cols = r["requests_columns"]
+                live = [row[cols.index("live_ttft_s")] for row in r["requests"]]
+                sim = [row[cols.index("sim_ttft_s")] for row in r["requests"]]
+                cal = {"ttft": per_request_error(live, sim), "e2e": None}
+            add(f"torch tiny engine, 1/1/1, {r['load_fraction']:.0%} ({host})",
+                r["live"]["loadavg_1m_before_after"], cal["ttft"], cal["e2e"])
+    return "\n".join(lines)
+
+
+@table("policy-table")
+def policy_table(load: Loader) -> str:
+    """docs/policies.md: the policy table, means over seeds (policies.json)."""
+    lines = [
+        _cells(["policy", "throughput (req/s)", "TTFT mean (s)", "P90", "P99", "hit fraction",
+                "offload", "egress (Gbps)", "rejected"]),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in load("policies.json")["policy_table"].items():
+        m = row["mean"]
+        lines.append(_cells([
+            name, f"{m['throughput_rps']:.2f}", f"{m['ttft_mean_s']:.2f}",
+            f"{m['ttft_p90_s']:.2f}", f"{m['ttft_p99_s']:.2f}",
+            f"{m['prefix_hit_fraction']:.3f}", f"{m['offload_fraction']:.2f}",
+            f"{m['egress_mean_gbps']:.2f}", f"{m['rejected']:.1f}",
+        ]))
+    return "\n".join(lines)
+
+
+@table("link-fluctuation")
+def link_fluctuation(load: Loader) -> str:
+    """docs/policies.md: the simulated link dip per seed (policies.json)."""
+    lf = load("policies.json")["link_fluctuation"]
+    t = lf["static_t"] / 1000
+    lines = [
+        _cells(["policy", "P99 TTFT, arrivals in the dip (s)",
+                f"offered egress in the dip (Gbps, capacity {lf['dip_gbps']:g})",
+                "P99 TTFT whole run (s)", f"t back within 10% of {t:g}K after recovery (s)"]),
+        "|---|---|---|---|---|",
+    ]
+    for name, run in lf["runs"].items():
+        seeds, mean = run["seeds"], run["mean"]
+        dip = " / ".join(f"{x['dip_ttft_p99_s']:.1f}" for x in seeds)
+        back = [x["t_recovered_after_s"] for x in seeds]
+        lines.append(_cells([
+            name, f"{dip} (mean {mean['dip_ttft_p99_s']:.1f})",
+            " / ".join(f"{x['dip_offered_egress_gbps']:.2f}" for x in seeds),
+            f"{mean['ttft_p99_s']:.1f}",
+            "— (fixed t)" if None in back else " / ".join(f"{x:g}" for x in back),
+        ]))
+    return "\n".join(lines)
+
+
+@table("transport-side-by-side")
+def transport_side_by_side(load: Loader) -> str:
+    """docs/wire-format.md: four transports at 1/2/4/8 connections (transport.json)."""
+    data = load("transport.json")
+    runs, ratios = data["unshaped_side_by_side"], data["ratios"]
+    lines = [
+        _cells(["conn.", "plain socket", "prfaas plaintext (fresh buffers)", "ratio",
+                "prfaas plaintext, arena", "ratio", "plain TLS socket", "prfaas TLS", "ratio"]),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, conns in enumerate(ratios["connections"]):
+        bold = conns >= 4  # the goal's connection counts
+
+        def ratio(name: str, i: int = i, bold: bool = bold) -> str:
+            shown = f"{ratios[name][i]:.2f}"
+            fresh = name == "prfaas_plaintext_over_plain_socket"  # not the goal's comparison
+            return f"**{shown}**" if bold and not fresh else shown
+
+        plain = f"{runs['plain_socket'][i]['goodput_gbps']:.2f}"
+        lines.append(_cells([
+            str(conns), plain + (" Gbps" if i == 0 else ""),
+            f"{runs['prfaas_plaintext'][i]['goodput_gbps']:.2f}",
+            ratio("prfaas_plaintext_over_plain_socket"),
+            f"{runs['prfaas_plaintext_arena'][i]['goodput_gbps']:.2f}",
+            ratio("prfaas_plaintext_arena_over_plain_socket"),
+            f"{runs['plain_tls_socket'][i]['goodput_gbps']:.2f}",
+            f"{runs['prfaas_tls'][i]['goodput_gbps']:.2f}",
+            ratio("prfaas_tls_over_plain_tls_socket"),
+        ]))
+    return "\n".join(lines)
+
+
+@table("sim-startup")
+def sim_startup(load: Loader) -> str:
+    """docs/simulator.md: whole-process start-up before and after issue 14 (sim.json)."""
+    st = load("sim.json")["startup"]
+    b, a = st["before"], st["after"]
+    rows = [
+        (f"`{b['plan']['command']}`", "plan", "process_wall_s"),
+        ("of which the grid search it reports", "plan", "work_s"),
+        ('`python -c "import prfaas.cli.plan"`', "plan", "import_process_s"),
+        (f"`{b['simulate']['command']}`", "simulate", "process_wall_s"),
+        ("of which the event loop it reports", "simulate", "work_s"),
+        ("outside the loop (interpreter, imports, scenario, plan, output)", "simulate",
+         "outside_work_s"),
+        ('`python -c "import prfaas.cli.simulate"`', "simulate", "import_process_s"),
+    ]
+    lines = ["| | before | after |", "|---|---|---|"]
+    for label, cmd, key in rows:
+        lines.append(_cells([label, f"{b[cmd][key]:.2f} s", f"{a[cmd][key]:.2f} s"]))
+    return "\n".join(lines)
+
+
+@table("planner-reproduction")
+def planner_reproduction(load: Loader) -> str:
+    """docs/planner.md: the paper-mode plan beside Table 6 (reproduce.json)."""
+    data = load("reproduce.json")
+    ours, paper = data["planner"]["paper"], data["reference"]
+    pp, rp = ours["prfaas_pd"], paper["prfaas_pd"]
+
+    def rel(a: float, b: float, digits: int = 1) -> str:
+        return f"{(a / b - 1) * 100:+.{digits}f}%"
+
+    def split(x: dict[str, Any], keys: tuple[str, ...]) -> str:
+        return " / ".join(str(x[k]) for k in keys)
+
+    def ttft(x: dict[str, Any]) -> str:
+        return f"{x['ttft_mean_s']:.2f} / {x['ttft_p90_s']:.2f} s"
+
+    keys = ("n_prfaas", "n_p", "n_d")
+    rows = [
+        ["t", f"{pp['threshold_tokens'] / 1000:.1f}K", f"{rp['threshold_tokens'] / 1000:.1f}K",
+         rel(pp["threshold_tokens"], rp["threshold_tokens"])],
+        ["N_prfaas / N_p / N_d", split(pp, keys), split(rp, keys),
+         "exact" if split(pp, keys) == split(rp, keys) else "differs"],
+    ]
+    for name, label in (("prfaas_pd", "PrfaaS-PD"), ("homogeneous_pd", "homogeneous"),
+                        ("naive_heterogeneous", "naive heterogeneous")):
+        o, r = ours[name], paper[name]
+        split_of = {"homogeneous_pd": ("n_p", "n_d"), "naive_heterogeneous": ("n_prfaas", "n_d")}
+        suffix = f" ({split(o, split_of[name])})" if name in split_of else ""
+        rows.append([f"Λmax {label}{suffix}", f"{o['lambda_max']:.2f}", f"{r['lambda_max']:.2f}",
+                     rel(o["lambda_max"], r["lambda_max"])])
+    rows += [
+        ["offload fraction", f"{pp['offload_fraction']:.3f}", f"{rp['offload_fraction']:.3f}",
+         f"{pp['offload_fraction'] - rp['offload_fraction']:+.3f}"],
+        ["E[L \\| L > t]", f"{pp['l_long_tokens'] / 1000:.1f}K",
+         f"≈{rp['l_long_tokens'] / 1000:.0f}K", rel(pp["l_long_tokens"], rp["l_long_tokens"], 0)],
+        ["egress", f"{pp['egress_gbps']:.1f} Gbps", f"{rp['egress_gbps']:g} Gbps",
+         rel(pp["egress_gbps"], rp["egress_gbps"])],
+    ]
+    for name, label in (("prfaas_pd", "PrfaaS-PD"), ("homogeneous_pd", "homogeneous"),
+                        ("naive_heterogeneous", "naive")):
+        rows.append([f"TTFT mean / P90 {label}", ttft(ours[name]), ttft(paper[name]), ""])
+    return "\n".join(["| | ours | paper | error |", "|---|---|---|---|", *map(_cells, rows)])
