@@ -13,6 +13,10 @@ throughput before / during / after, to set beside `prfaas simulate --outage prfa
 Writes benchmarks/results/faults.json (with the load average while measuring: the host is
 shared, so compare within one run). Emulated nothing: the real tiny model runs on CPU.
 Run: .venv/bin/python benchmarks/bench_faults.py [--quick]
+
+`--rtt-control`: only the added-RTT fault, with the delay set to 0, 30 and 0 ms in turn on one
+fresh deployment, into benchmarks/results/faults_rtt_control.json: whether the RTT row's spread
+is the 30 ms or the machine's.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from prfaas.serve.topology import Topology, parse_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks/results/faults.json"
+OUT_RTT_CONTROL = ROOT / "benchmarks/results/faults_rtt_control.json"
+RTT_CONTROL_MS = (0.0, 30.0, 0.0)
 MODEL = "prfaas-tiny-kda"
 RATE_GBPS = 0.05
 RATE = 1.0  # requests per second
@@ -160,7 +166,28 @@ def _rss(pid: int) -> int:
     return 0
 
 
+def rtt_control() -> None:
+    """The RTT fault with 0, 30 and 0 ms of added delay in turn, one fresh deployment."""
+    load0 = os.getloadavg()
+    topo = topology()
+    with Deployment(topo) as dep:
+        runs = [run_fault(dep, Fault("rtt", BEFORE_S, 20.0, delay_ms=ms), AFTER_S)
+                for ms in RTT_CONTROL_MS]
+    out = {"what": "the rtt fault of faults.json with delay_ms 0, 30, 0 in turn",
+           "runs": runs, "host": {"cpus": os.cpu_count(), "loadavg_start": load0,
+                                  "loadavg_end": os.getloadavg()},
+           "topology": topo.to_dict()}
+    OUT_RTT_CONTROL.write_text(json.dumps(out, indent=1) + "\n")
+    for r in runs:
+        print(f"{r['fault']['delay_ms']:>4} ms: completed {r['completed']} shed {r['shed']} "
+              f"lost {r['lost']} TTFT P50/P99 {r['ttft_p50_s']:.2f}/{r['ttft_p99_s']:.2f} s")
+    print(f"wrote {OUT_RTT_CONTROL}")
+
+
 def main() -> None:
+    if "--rtt-control" in sys.argv:
+        rtt_control()
+        return
     quick = "--quick" in sys.argv
     scale = 0.3 if quick else 1.0
     faults = [Fault(f.kind, f.start_s * scale, f.duration_s * scale, f.factor,
