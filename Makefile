@@ -41,7 +41,7 @@ bench-vllm: vllm-nixl
 
 demo: $(STAMP)
 	$(BIN)/prfaas reproduce --out out/reproduce
-	$(BIN)/python -m prfaas.serve.demo
+	$(BIN)/python -m prfaas.serve.deploy.demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -4,9 +4,9 @@ KV bytes from the emulated layout, link capacity from telemetry."""
 import pytest
 
 from prfaas.emulated.topology import emulated_system
-from prfaas.serve.cluster import LiveCluster
 from prfaas.serve.model import engine_config, kv_geometry, prefill_models
-from prfaas.serve.plan import live_plan_inputs
+from prfaas.serve.router.cluster import LiveCluster
+from prfaas.serve.router.plan import live_plan_inputs
 
 
 def test_controller_plans_with_the_scaled_scenarios_pools() -> None:

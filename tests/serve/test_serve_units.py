@@ -14,16 +14,16 @@ from prfaas.core.errors import ConfigError
 from prfaas.core.types import RouteDecision
 from prfaas.engine import ByteTokenizer, EngineConfig
 from prfaas.policy.base import Router
-from prfaas.serve.cluster import LiveCluster
-from prfaas.serve.dispatch import Dispatcher
-from prfaas.serve.kvship import reframe
-from prfaas.serve.metrics import RouterMetrics
 from prfaas.serve.model import engine_config, kv_geometry, prefill_models
-from prfaas.serve.openai_api import ApiError, load_json, parse
-from prfaas.serve.prefix_store import PrefixStore
-from prfaas.serve.router import RouterService
+from prfaas.serve.router.cluster import LiveCluster
+from prfaas.serve.router.dispatch import Dispatcher
+from prfaas.serve.router.metrics import RouterMetrics
+from prfaas.serve.router.openai_api import ApiError, load_json, parse
+from prfaas.serve.router.service import RouterService
 from prfaas.serve.stops import StopText
 from prfaas.serve.topology import load_topology, parse_topology
+from prfaas.serve.worker.kvship import reframe
+from prfaas.serve.worker.prefix_store import PrefixStore
 
 TOK = ByteTokenizer()
 

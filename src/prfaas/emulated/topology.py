@@ -19,7 +19,7 @@ from typing import Any
 from prfaas.emulated.backend import ROLES_OF, check_system, emulated_config, hardware_for
 from prfaas.emulated.scales import ScaledScenario, Scales, scale_scenario
 from prfaas.scenario import Scenario, load_scenario
-from prfaas.serve.netns import netns_available
+from prfaas.serve.deploy.netns import netns_available
 from prfaas.serve.topology import LinkSpec, Timeouts, Topology, WorkerSpec
 from prfaas.sim.system import SystemConfig, build_system
 

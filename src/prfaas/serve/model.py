@@ -54,7 +54,7 @@ def prefill_models(topology: Any) -> dict[str, PrefillTime]:
     """Known prefill cost models by worker name, the router's prior for each prefill worker's
     service time: an emulated worker's is its role's hardware profile (what it sleeps, in live
     units), the one the simulator's router reads. Other engines have none: the router then
-    learns a seconds-per-token rate from their reports (serve/cluster.py)."""
+    learns a seconds-per-token rate from their reports (serve/router/cluster.py)."""
     if topology.model.get("backend") != "emulated":
         return {}
     from prfaas.emulated.backend import hardware_for, scaled_from_model

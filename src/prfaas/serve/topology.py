@@ -59,9 +59,9 @@ class LinkSpec:
     rate_gbps: float | None = None  # None: unshaped loopback
     connections: int = 4
     # token-bucket: each sender shapes itself in user space (any host, no privileges);
-    # netns: the kernel shapes a veth into the PrfaaS workers' namespace (root; serve/netns.py)
+    # netns: the kernel shapes a veth into the PrfaaS workers' namespace (root; deploy/netns.py)
     emulation: str = "token-bucket"
-    delay_stage: bool = False  # netns: KV relayed through serve/delay.py (added RTT faults)
+    delay_stage: bool = False  # netns: KV relayed through serve/deploy/delay.py (added RTT faults)
 
     def __post_init__(self) -> None:
         if self.rate_gbps is not None and not self.rate_gbps > 0:
@@ -149,7 +149,7 @@ class Topology:
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache_capacity_bytes: int = 512 * 2**20  # per worker prefix cache
     max_retries: int = 3  # failed attempts per request retried (no token yet) or resumed
-    profile: str = "cpu-tiny"  # measured engine profile (serve/plan.py): embedded name or path
+    profile: str = "cpu-tiny"  # measured engine profile (router/plan.py): name or path
     health: HealthSpec = field(default_factory=HealthSpec)  # serve/resilience.py
     restart: RestartSpec = field(default_factory=RestartSpec)
     kv_deadline: DeadlineSpec = field(default_factory=DeadlineSpec)
@@ -196,7 +196,7 @@ class Topology:
 
     def kv_dest(self, prefill: WorkerSpec, decode: WorkerSpec) -> tuple[str, int]:
         """Where `prefill` ships KV for `decode`: its KV port, or with `link.delay_stage` the
-        delay stage's copy of that port inside the PrfaaS namespace (serve/delay.py)."""
+        delay stage's copy of that port inside the PrfaaS namespace (serve/deploy/delay.py)."""
         if self.link.delay_stage and prefill.role == "prfaas":
             return prefill.host, decode.kv_port
         return decode.host, decode.kv_port

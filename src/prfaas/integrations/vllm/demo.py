@@ -16,7 +16,7 @@ import sys
 import urllib.request
 from typing import Any
 
-from prfaas.serve.launcher import Deployment
+from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.topology import load_topology
 
 

@@ -3,7 +3,7 @@
 Roles map to connector roles: `prfaas` and `pd-p` are producers whose sender shapes itself to
 the worker's link (`link` for PrfaaS, `intra_link` for PD-P: topology.link_of), `pd-d` is the
 consumer whose receiver listens on the worker's `kv_port`. `exec_worker` replaces the calling
-process (`python -m prfaas.serve.proc --name W`) with the vLLM server, so the launcher's pid,
+process (`python -m prfaas.serve.deploy.proc --name W`) with the vLLM server, so the launcher's pid,
 SIGTERM and /health work on it unchanged.
 """
 
@@ -57,7 +57,7 @@ def router_service(topology: Topology, api_key: str | None = None) -> Any:
     (`api_key`: clients must send it, as on the native path)."""
     from prfaas.integrations.vllm.served_model import ServedModel
     from prfaas.models.kv import geometry
-    from prfaas.serve.router import RouterService
+    from prfaas.serve.router.service import RouterService
 
     model = ServedModel.from_settings(settings(topology))
     geo = geometry(model.to_spec())

@@ -1,0 +1,1 @@
+"""Live-vs-simulator experiments on the emulated engine: reproduce --live, outage, fluctuation."""
