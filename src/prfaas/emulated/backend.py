@@ -15,7 +15,7 @@ from typing import Any
 from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.emulated.engine import EmulatedEngine
 from prfaas.emulated.scales import ScaledScenario, Scales, scale_scenario
-from prfaas.engine.config import EngineConfig
+from prfaas.models.engine_config import EngineConfig
 from prfaas.models.profile import HardwareProfile
 from prfaas.planner.search import PlanInputs
 from prfaas.scenario import load_scenario

@@ -26,12 +26,12 @@ import torch
 
 from prfaas.core.errors import ConfigError
 from prfaas.emulated.layout import EmulatedLayout
-from prfaas.engine.config import EngineConfig
 from prfaas.engine.engine import DecodeSeq, Engine, PrefillResult
 from prfaas.engine.kv import AttnStore, LayerKV, LinearStore, SequenceKV, Store
 from prfaas.engine.sampling import SamplingParams
-from prfaas.engine.tokenizer import ByteTokenizer
+from prfaas.models.engine_config import EngineConfig
 from prfaas.models.profile import DecodeTime, PrefillTime
+from prfaas.models.tokenizer import ByteTokenizer
 
 _MOD = 16_777_213  # < 2**24: every payload value is an exact float32 integer
 _LOGIT = 1e4

@@ -4,12 +4,12 @@ Public API: EngineConfig, ByteTokenizer, Engine, PrefillResult, DecodeSeq, Sampl
 LayerKV, SequenceKV, and the numpy wire helpers layer_kv_to_arrays / layer_kv_from_arrays.
 """
 
-from prfaas.engine.config import EngineConfig
 from prfaas.engine.engine import DecodeSeq, Engine, PrefillResult
 from prfaas.engine.kv import LayerKV, SequenceKV
 from prfaas.engine.sampling import SamplingParams, sample
-from prfaas.engine.tokenizer import ByteTokenizer
 from prfaas.engine.wire_adapter import layer_kv_from_arrays, layer_kv_to_arrays
+from prfaas.models.engine_config import EngineConfig
+from prfaas.models.tokenizer import ByteTokenizer
 
 __all__ = [
     "ByteTokenizer",

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import torch
 
 from prfaas.core.errors import ConfigError
-from prfaas.engine.config import EngineConfig
 from prfaas.engine.kv import ATTN_KINDS, AttnStore, LayerKV, LinearStore, SequenceKV, Store
 from prfaas.engine.model import HybridLM
 from prfaas.engine.penalties import TokenHistory
 from prfaas.engine.sampling import Sampled, SamplingParams, is_stop, sample_full
-from prfaas.engine.tokenizer import ByteTokenizer
+from prfaas.models.engine_config import EngineConfig
+from prfaas.models.tokenizer import ByteTokenizer
 
 
 @dataclass

@@ -26,7 +26,7 @@ import aiohttp
 
 from prfaas.cache import GlobalKVCacheManager, chain_hashes
 from prfaas.core.types import RequestInfo, Route, RouteDecision, RouteQuery
-from prfaas.engine.tokenizer import ByteTokenizer
+from prfaas.models.tokenizer import ByteTokenizer
 from prfaas.policy.base import Router, decide
 from prfaas.serve.router.backends import (
     Attempt,

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from prfaas.engine import ByteTokenizer
+from prfaas.models.tokenizer import ByteTokenizer
 from prfaas.serve.router import openai_params as op
 from prfaas.serve.router.openai_params import ParamError
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prfaas.engine.sampling import MAX_LOGPROBS
+from prfaas.models.card import MAX_LOGPROBS
 
 MAX_STOP = 4  # as OpenAI
 MAX_N = 16

@@ -27,8 +27,8 @@ from aiohttp import web
 
 from prfaas.core.errors import ConfigError, PrfaasError, TransportError
 from prfaas.engine import Engine, SamplingParams, SequenceKV
-from prfaas.engine.config import LAYER_KINDS
 from prfaas.engine.sampling import Sampled
+from prfaas.models.engine_config import LAYER_KINDS
 from prfaas.serve.stops import StopText
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.serve.worker.batcher import Active, Batcher
