@@ -23,7 +23,7 @@ from security_helpers import Shipment, request, shipment, topology
 
 from prfaas.engine import Engine
 from prfaas.serve.deploy.launcher import Deployment
-from prfaas.serve.model import engine_config
+from prfaas.serve.native import engine_config
 from prfaas.serve.worker.manifest import Binding, ManifestBuilder, model_identity
 from prfaas.transport import KVSender, SenderConfig
 

@@ -18,7 +18,7 @@ from aiohttp import web
 from serve_helpers import MODEL, topology
 
 from prfaas.core.errors import ConfigError
-from prfaas.engine import ByteTokenizer, EngineConfig
+from prfaas.engine import ByteTokenizer
 from prfaas.serve.deploy.supervisor import Supervisor
 from prfaas.serve.resilience import RestartSpec
 from prfaas.serve.router.backends import (
@@ -71,7 +71,7 @@ def test_resilience_keys_round_trip(tmp_path: Path) -> None:
 
 
 def _service(**overrides: Any) -> RouterService:
-    return RouterService(topology(workers=FOUR, **overrides), EngineConfig.tiny())
+    return RouterService(topology(workers=FOUR, **overrides))
 
 
 def test_membership_down_up_restart_and_the_policy_view() -> None:

@@ -52,23 +52,6 @@ def exec_worker(topology: Topology, name: str) -> None:
     os.execve(cmd[0], cmd, spec.environ())
 
 
-def router_service(topology: Topology, api_key: str | None = None) -> Any:
-    """The router in front of vLLM instances: the model's own tokenizer, the vLLM backend
-    (`api_key`: clients must send it, as on the native path)."""
-    from prfaas.integrations.vllm.served_model import ServedModel
-    from prfaas.models.kv import geometry
-    from prfaas.serve.router.service import RouterService
-
-    model = ServedModel.from_settings(settings(topology))
-    geo = geometry(model.to_spec())
-    return RouterService(topology, model, api_key=api_key,  # type: ignore[arg-type]
-                         tokenizer=model.tokenizer(), backend="vllm",
-                         backend_args={"served_name": model.name,
-                                       "block_size_tokens": model.block_size_tokens,
-                                       "kv_bytes_per_token": geo.kv_bytes_per_token,
-                                       "kv_fixed_bytes": int(geo.linear_state_bytes)})
-
-
 def prepare(topology: Topology) -> None:
     """Before the instances start: build the topology's tiny model if it is missing."""
     from prfaas.integrations.vllm.model_builder import ensure_model

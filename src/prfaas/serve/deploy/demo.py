@@ -58,7 +58,7 @@ def run(model_name: str | None = None, tls: bool = False) -> int:
 
 def _exact_checker(topo: Topology) -> Callable[[str, list[int]], bool]:
     from prfaas.engine import Engine
-    from prfaas.serve.model import engine_config
+    from prfaas.serve.native import engine_config  # the demo's topology is the native one
 
     engine = Engine(engine_config(topo.model))
     return lambda prompt, ids: engine.generate(engine.tokenizer.encode(prompt), 8) == ids

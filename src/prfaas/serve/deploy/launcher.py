@@ -33,10 +33,10 @@ from prfaas.security.certs import ROUTER
 from prfaas.security.tls import Identity
 from prfaas.serve.deploy.netns import NetnsLink
 from prfaas.serve.deploy.supervisor import Supervisor
+from prfaas.serve.engines import engine_backend
 from prfaas.serve.topology import Topology
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0")
-VLLM_START_TIMEOUT_S = 600.0  # vLLM instances take 35-200 s to start on a loaded 2-core host
 DELAY_STAGE = "delay-stage"  # the process of serve/deploy/delay.py (link.delay_stage)
 
 
@@ -88,11 +88,9 @@ class Deployment:
                 self.topology = self.requested.in_namespace(
                     self.netns.host_ip, self.netns.ns_ip).with_ports()
             self.topology.dump(path)
-            if self.topology.engine == "vllm":  # build the tiny model once, before any instance
-                from prfaas.integrations.vllm.deploy import prepare
-
-                prepare(self.topology)
-                self.start_timeout_s = max(self.start_timeout_s, VLLM_START_TIMEOUT_S)
+            backend = engine_backend(self.topology)
+            backend.prepare()  # e.g. vLLM: build the tiny model once, before any instance
+            self.start_timeout_s = max(self.start_timeout_s, backend.start_timeout_s)
             if self.topology.link.delay_stage:
                 self._start_delay_stage(path)
             for w in self.topology.workers:

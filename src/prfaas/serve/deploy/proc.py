@@ -24,6 +24,7 @@ from prfaas.core.errors import PrfaasError
 from prfaas.security.apikey import api_key_from_env
 from prfaas.security.certs import ROUTER
 from prfaas.security.tls import Identity
+from prfaas.serve.engines import engine_backend
 from prfaas.serve.topology import load_topology
 from prfaas.serve.worker.tls_server import Refusals, serve_tls
 
@@ -41,21 +42,20 @@ class Served:
 
 
 def build_app(topology_path: str, name: str) -> Served:
-    # imported here: the engine (torch) loads only in the process that serves
-    from prfaas.serve.model import engine_config, make_engine
-
     topo = load_topology(topology_path)
-    config = engine_config(topo.model)
+    backend = engine_backend(topo)
     tls_dir = topo.security.tls_dir
     ident = Identity.load(tls_dir, name) if tls_dir else None  # bad certificates fail here
     if name == "router":
         from prfaas.serve.router.service import RouterService
 
-        router = RouterService(topo, config, tls=ident.client_context() if ident else None,
-                               api_key=api_key_from_env())
+        router = RouterService(topo, tls=ident.client_context() if ident else None,
+                               api_key=api_key_from_env(), engine=backend)
         return Served(router.app(), topo.router_host, topo.router_port)
     spec = topo.worker(name)
-    engine = make_engine(topo.model, spec.role)
+    # the engine (torch) loads here, in a worker process only; a backend whose workers are
+    # another program (vLLM) replaces this process instead and never returns
+    engine = backend.worker_engine(name)
     if spec.role == "pd-d":
         from prfaas.serve.worker.decode_worker import DecodeWorker
 
@@ -78,16 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"[{args.name}] %(levelname)s %(message)s")
     try:
-        topo = load_topology(args.topology)
-        if topo.engine == "vllm":
-            from prfaas.integrations.vllm.deploy import exec_worker, router_service
-
-            if args.name != "router":
-                exec_worker(topo, args.name)  # does not return: this process becomes vLLM
-            served = Served(router_service(topo, api_key_from_env()).app(), topo.router_host,
-                            topo.router_port)
-        else:
-            served = build_app(args.topology, args.name)
+        served = build_app(args.topology, args.name)
     except PrfaasError as exc:
         print(f"[{args.name}] error: {exc}", file=sys.stderr)
         return 2

@@ -46,7 +46,7 @@ class _Load:
     inflight_work_s: float = 0.0  # predicted work of the prefills not yet done
     busy_until: float = 0.0  # (monotonic) when the queued prefills are predicted to be done
     seconds_per_token: float = PRIOR_SECONDS_PER_TOKEN
-    model: PrefillTime | None = None  # a known cost model (serve/model.py prefill_models)
+    model: PrefillTime | None = None  # a known cost model (EngineBackend.prefill_models)
     ratio: float = 1.0  # EWMA of measured / model seconds
 
 

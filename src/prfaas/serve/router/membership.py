@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from prfaas.serve.engines import backend_class
 from prfaas.serve.resilience import HealthSpec
 from prfaas.serve.router.cluster import LiveCluster
 from prfaas.serve.topology import Topology, WorkerSpec
@@ -52,6 +53,7 @@ class Membership:
         self.topology, self.cluster, self.session = topology, cluster, session
         self.on_restart = on_restart  # e.g. forget the restarted worker's cache
         self.spec: HealthSpec = topology.health
+        self.health_has_body = backend_class(topology.engine).health_has_body
         self.states = {w.name: WorkerHealth() for w in topology.workers}
         self._task: asyncio.Task[None] | None = None
 
@@ -140,10 +142,10 @@ class Membership:
         try:
             async with self.session.get(f"{worker.url}/health", timeout=timeout,
                                         server_hostname=worker.tls_name) as resp:
-                if worker.engine == "vllm":  # vLLM's /health: 200 and an empty body
-                    body = {"ok": resp.status == 200}
-                else:
+                if self.health_has_body:
                     body = await resp.json(content_type=None)
+                else:  # e.g. vLLM's /health: 200 and an empty body
+                    body = {"ok": resp.status == 200}
                 if resp.status != 200 or not isinstance(body, dict) or not body.get("ok"):
                     raise ValueError(f"/health answered HTTP {resp.status}")
                 pid = body.get("pid")

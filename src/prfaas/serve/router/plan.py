@@ -20,6 +20,7 @@ from prfaas.core.errors import ConfigError
 from prfaas.models.profile import HardwareProfile
 from prfaas.models.profile_file import load_profile_file
 from prfaas.planner.search import PlanInputs
+from prfaas.serve.engines import engine_backend
 from prfaas.serve.router.cluster import UNSHAPED_GBPS
 from prfaas.serve.topology import Topology
 from prfaas.workload.lengths import empirical
@@ -58,10 +59,10 @@ def load_live_profile(ref: str) -> HardwareProfile:
 def live_plan_inputs(topology: Topology, profile: HardwareProfile | None = None) -> PlanInputs:
     """PlanInputs for the topology: `profile` (default: the one the topology names) for both
     prefill pools and decode; n_prfaas = PrfaaS workers, n_pd = PD-P + PD-D workers."""
-    if profile is None and topology.model.get("backend") == "emulated":
-        from prfaas.emulated.backend import emulated_plan_inputs
-
-        return emulated_plan_inputs(topology)
+    if profile is None:
+        known = engine_backend(topology).plan_inputs()  # e.g. the emulated hardware's
+        if known is not None:
+            return known
     hw = profile or load_live_profile(topology.profile)
     n_prfaas = len(topology.by_role("prfaas"))
     n_pd = len(topology.by_role("pd-p")) + len(topology.by_role("pd-d"))

@@ -2,8 +2,9 @@
 
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (SSE when `stream`),
 `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text). It tokenizes with the
-engine's byte tokenizer, routes with a `policy/` Router and the `cache/` GlobalKVCacheManager
-(kept current by the cache deltas workers return), and drives the workers (dispatch.py). Every
+engine backend's tokenizer (serve/engines.py: no torch here), routes with a `policy/` Router
+and the `cache/` GlobalKVCacheManager (kept current by the cache deltas workers return), and
+drives the workers (dispatch.py). Every
 response carries a `prfaas` object (in the last chunk when streaming). Bad input -> 400 with an
 OpenAI-style error object; a policy rejection -> 429; a failed request -> 502, never a hang.
 """
@@ -22,10 +23,9 @@ import aiohttp
 from aiohttp import web
 
 from prfaas.cache import GlobalKVCacheManager
-from prfaas.engine import ByteTokenizer, EngineConfig
 from prfaas.policy.base import Router, make_router
 from prfaas.security.apikey import api_key_middleware
-from prfaas.serve.model import kv_geometry, prefill_models
+from prfaas.serve.engines import EngineBackend, engine_backend
 from prfaas.serve.router.backends import make_backend
 from prfaas.serve.router.cluster import LiveCluster
 from prfaas.serve.router.dispatch import Dispatcher, Outcome
@@ -47,25 +47,23 @@ def build_policy(topology: Topology) -> Router:
 
 
 class RouterService:
-    def __init__(self, topology: Topology, config: EngineConfig,
-                 policy: Router | None = None, *, tls: ssl.SSLContext | None = None,
-                 api_key: str | None = None, tokenizer: Any = None, backend: str = "native",
-                 backend_args: dict[str, Any] | None = None) -> None:
+    def __init__(self, topology: Topology, policy: Router | None = None, *,
+                 tls: ssl.SSLContext | None = None, api_key: str | None = None,
+                 engine: EngineBackend | None = None) -> None:
         """`tls`: the router's client context for the PrfaaS workers' HTTPS (mutual TLS);
-        `api_key`: clients must send it as a Bearer token (security/apikey.py).
-        `tokenizer`, `backend`: another engine's (integrations/vllm/deploy.py); `config`
-        may then be any object with EngineConfig's name, max_context_tokens,
-        block_size_tokens and to_spec()."""
-        self.topology, self.config = topology, config
+        `api_key`: clients must send it as a Bearer token (security/apikey.py); `engine`:
+        the topology's engine backend (default: the one its `engine:` names, serve/engines.py),
+        which gives the model card, the tokenizer and the protocol the workers speak."""
+        engine = engine or engine_backend(topology)
+        self.topology, self.engine = topology, engine
+        self.config = engine.card()
         self.tls, self.api_key = tls, api_key
-        self.tokenizer: ByteTokenizer = tokenizer or ByteTokenizer()
-        self.backend_name, self.backend_args = backend, dict(backend_args or {})
+        self.tokenizer: Any = engine.tokenizer()
         self.policy = policy or build_policy(topology)
-        self.manager = GlobalKVCacheManager(config.block_size_tokens)
+        self.manager = GlobalKVCacheManager(self.config.block_size_tokens)
         for w in topology.workers:
             self.manager.add_instance(w.name, w.cluster)
-        self.cluster = LiveCluster(topology, kv_geometry(topology.model, config),
-                                   prefill_models(topology))
+        self.cluster = LiveCluster(topology, self.config.kv, engine.prefill_models())
         self.metrics = RouterMetrics()
         self.membership = Membership(topology, self.cluster, None,
                                      on_restart=self.manager.forget_pool)
@@ -97,7 +95,8 @@ class RouterService:
         connector = aiohttp.TCPConnector(limit=0, ssl=self.tls if self.tls is not None else True)
         self._session = aiohttp.ClientSession(connector=connector)
         self.membership.session = self._session
-        backend = make_backend(self.backend_name, session=self._session, **self.backend_args)
+        backend = make_backend(self.engine.worker_protocol, session=self._session,
+                               **self.engine.worker_protocol_args())
         self._dispatcher = Dispatcher(self.topology, self.cluster, self.manager, self.policy,
                                       self._session, self.config.block_size_tokens,
                                       backend=backend, membership=self.membership)

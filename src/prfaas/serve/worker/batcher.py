@@ -16,7 +16,7 @@ import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 
-from prfaas.engine import DecodeSeq, Engine
+from prfaas.engine import DecodeSeq, EngineBase
 from prfaas.engine.sampling import Sampled, is_stop
 from prfaas.serve.stops import StopText
 
@@ -55,7 +55,7 @@ class Active:
 
 
 class Batcher:
-    def __init__(self, engine: Engine, max_batch: int) -> None:
+    def __init__(self, engine: EngineBase, max_batch: int) -> None:
         self.engine = engine
         self.max_batch = max_batch
         self.running: list[Active] = []

@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from prfaas.core.errors import ConfigError, PrfaasError, TransportError
-from prfaas.engine import Engine, SamplingParams, SequenceKV
+from prfaas.engine import EngineBase, SamplingParams, SequenceKV
 from prfaas.engine.sampling import Sampled
 from prfaas.models.engine_config import LAYER_KINDS
 from prfaas.serve.stops import StopText
@@ -78,7 +78,7 @@ def sampling_from(raw: object) -> tuple[SamplingParams, int, tuple[str, ...], in
 
 
 class DecodeWorker:
-    def __init__(self, topology: Topology, spec: WorkerSpec, engine: Engine, *,
+    def __init__(self, topology: Topology, spec: WorkerSpec, engine: EngineBase, *,
                  kv_tls: ssl.SSLContext | None = None) -> None:
         """`kv_tls`: a server context requiring client certificates; KV is then accepted only
         from this topology's prefill workers (their certificates' names)."""

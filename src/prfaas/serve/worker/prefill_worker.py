@@ -25,7 +25,7 @@ import numpy as np
 from aiohttp import web
 
 from prfaas.core.errors import ConfigError, TransportError
-from prfaas.engine import Engine, LayerKV, SequenceKV
+from prfaas.engine import EngineBase, LayerKV, SequenceKV
 from prfaas.engine.sampling import MAX_LOGPROBS, prompt_logprobs
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.serve.worker.kvship import layer_arrays, meta_arrays, reframe
@@ -40,7 +40,7 @@ _EWMA = 0.3
 
 
 class PrefillWorker:
-    def __init__(self, topology: Topology, spec: WorkerSpec, engine: Engine, *,
+    def __init__(self, topology: Topology, spec: WorkerSpec, engine: EngineBase, *,
                  kv_tls: ssl.SSLContext | None = None) -> None:
         """`kv_tls`: this worker's client context for the decode workers' KV receivers."""
         self.topology, self.spec, self.engine = topology, spec, engine
