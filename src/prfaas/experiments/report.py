@@ -14,7 +14,7 @@ from typing import Any
 from rich.progress import Progress
 from rich.table import Table
 
-from prfaas.cli.common import console
+from prfaas.core.console import console
 from prfaas.emulated.cli import parse_scales
 from prfaas.emulated.topology import emulated_system
 from prfaas.experiments.live import FULL, QUICK, STEPS_PER_SYSTEM, SYSTEMS, reproduce_live

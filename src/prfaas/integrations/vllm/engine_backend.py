@@ -1,5 +1,5 @@
 """The vLLM engine backend (`engine: vllm`): every worker is a vLLM server with the prfaas KV
-connector; the router drives them over vLLM's OpenAI API (router/backends/vllm.py) with the
+connector; the router drives them over vLLM's OpenAI API (router_half.py) with the
 served model's own tokenizer. Nothing here imports vLLM, transformers or torch."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from prfaas.serve.router.metrics import Counter
+from prfaas.serve.prom import Counter
 
 
 def worker_metrics(refused: dict[str, int], integrity_failures: int | None = None
