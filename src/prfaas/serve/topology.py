@@ -162,7 +162,6 @@ class Topology:
         engines = {w.engine for w in self.workers}
         if len(engines) > 1:
             raise ConfigError("workers.engine", sorted(engines), "all workers need one engine")
-        backend_class(self.engine).check(self)
         if len(set(names)) != len(names):
             raise ConfigError("workers", names, "worker names must be unique")
         if not self.by_role("pd-d"):
@@ -171,6 +170,7 @@ class Topology:
             raise ConfigError("workers", names, "need at least one prefill worker")
         if not 0 <= self.router_port < 65536:
             raise ConfigError("router.port", self.router_port, "must be in [0, 65535]")
+        backend_class(self.engine).check(self)  # e.g. vllm: needs a `vllm:` section
 
     def by_role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)
