@@ -21,6 +21,15 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "img" / "rooms.png"
+OUT_APP = ROOT / "docs" / "img" / "rooms-app.png"
+APP_POS = {  # the application rooms and cli, importers above what they import
+    "cli": (5.0, 5.0),
+    "experiments": (2.5, 4.0),
+    "emulated": (1.0, 3.0), "integrations": (8.5, 3.0),
+    "serve.deploy": (5.0, 2.5),
+    "bench": (0.5, 1.2), "serve.router": (3.0, 1.2), "serve.worker": (7.0, 1.2),
+    "serve": (5.0, 0.0),
+}
 NAMES = ["core", "models, workload, scenario", "planner, cache, policy",
          "sim, engine, transport, security", "application rooms", "cli"]
 ORDER = {  # left to right within a layer: related rooms side by side
@@ -84,7 +93,35 @@ def main() -> int:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(OUT, dpi=110, bbox_inches="tight", metadata={"Software": None})
     print(f"wrote {OUT.relative_to(ROOT)}: {len(rooms)} rooms, {len(edges)} room-to-room edges")
+    draw_app(edges)
     return 0
+
+
+def draw_app(edges: dict[tuple[str, str], list[str]]) -> None:
+    """The programs only: which application room imports which (labels: import count)."""
+    fig, ax = plt.subplots(figsize=(10, 7))
+    for (a, b), where in sorted(edges.items()):
+        if a not in APP_POS or b not in APP_POS:
+            continue
+        (x0, y0), (x1, y1) = APP_POS[a], APP_POS[b]
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=12,
+                                     connectionstyle="arc3,rad=0.08", lw=1.0, alpha=0.6,
+                                     color="tab:blue", shrinkA=16, shrinkB=16, zorder=5))
+        ax.text(x0 + 0.55 * (x1 - x0), y0 + 0.55 * (y1 - y0), str(len(where)), fontsize=7,
+                color="tab:blue", ha="center", va="center", zorder=2,
+                bbox={"fc": "white", "ec": "none", "pad": 0.5})
+    for r, (x, y) in APP_POS.items():
+        ax.add_patch(FancyBboxPatch((x - 0.8, y - 0.25), 1.6, 0.5, boxstyle="round,pad=0.05",
+                                    fc="white", ec="0.2", zorder=3))
+        ax.text(x, y, r.replace("serve.", "serve/"), ha="center", va="center", fontsize=10,
+                zorder=4)
+    ax.set_xlim(-0.2, 9.8)
+    ax.set_ylim(-0.6, 5.6)
+    ax.axis("off")
+    ax.set_title("The application rooms: serve/router and serve/worker never import each other; "
+                 "arrows: importer -> imported (number of imports)", fontsize=10)
+    fig.savefig(OUT_APP, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    print(f"wrote {OUT_APP.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

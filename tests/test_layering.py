@@ -75,8 +75,9 @@ def room_edges(src: Path) -> dict[tuple[str, str], list[str]]:
         tree = ast.parse(path.read_text(), str(path))
         for line, name in imported(tree, module, path.name == "__init__.py"):
             there = room_of(name)
-            if there is not None and there != here:
-                edges[(here, there)].append(f"{path.relative_to(src)}:{line}")
+            where = f"{path.relative_to(src)}:{line}"
+            if there is not None and there != here and where not in edges[(here, there)]:
+                edges[(here, there)].append(where)  # once per import statement
     return edges
 
 
