@@ -34,14 +34,14 @@ vllm-nixl: $(VLLM_STAMP)
 	$(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1
 
 demo-vllm: $(VLLM_STAMP)
-	$(BIN)/python -m prfaas.integrations.vllm.demo
+	$(BIN)/python -m prfaas.serve.deploy.demo_vllm
 
 bench-vllm: vllm-nixl
 	$(BIN)/python benchmarks/bench_vllm.py
 
 demo: $(STAMP)
 	$(BIN)/prfaas reproduce --out out/reproduce
-	$(BIN)/python -m prfaas.serve.demo
+	$(BIN)/python -m prfaas.serve.deploy.demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

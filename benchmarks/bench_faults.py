@@ -33,8 +33,8 @@ import numpy as np
 
 from prfaas.bench.loadgen import Result, run_load
 from prfaas.bench.workload import BenchRequest
-from prfaas.serve.faults import Fault, FaultRunner, summarize
-from prfaas.serve.launcher import Deployment
+from prfaas.serve.deploy.faults import Fault, FaultRunner, summarize
+from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.topology import Topology, parse_topology
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ import torch
 from prfaas.bench.loadgen import run_load
 from prfaas.bench.report import render, summarize
 from prfaas.bench.workload import Scaling, poisson_arrivals, read_mooncake
-from prfaas.serve.launcher import Deployment
+from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.topology import load_topology
 
 ROOT = Path(__file__).resolve().parent.parent

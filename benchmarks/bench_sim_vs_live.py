@@ -40,8 +40,8 @@ from prfaas.bench.workload import BenchRequest
 from prfaas.models.profile_file import load_profile_file
 from prfaas.planner.throughput import bounds, stage_curves
 from prfaas.scenario import parse_scenario
-from prfaas.serve.model import engine_config
-from prfaas.serve.plan import profile_path
+from prfaas.serve.native import engine_config
+from prfaas.serve.router.plan import profile_path
 from prfaas.serve.topology import free_port, load_topology
 from prfaas.sim.metrics import per_request_rows
 from prfaas.sim.policy_run import run_policy

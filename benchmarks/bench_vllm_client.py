@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from prfaas.serve.launcher import Deployment
+from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.topology import load_topology
 
 ROOT = Path(__file__).resolve().parent

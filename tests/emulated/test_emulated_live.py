@@ -14,7 +14,7 @@ from prfaas.bench.workload import BenchRequest
 from prfaas.emulated.backend import emulated_config, emulated_engine
 from prfaas.emulated.scales import Scales
 from prfaas.emulated.topology import emulated_system
-from prfaas.serve.launcher import Deployment
+from prfaas.serve.deploy.launcher import Deployment
 
 pytestmark = pytest.mark.timeout(300)
 SCALES = Scales(time=0.5, bytes=1e-2, tokens=4, output=4)

@@ -4,9 +4,9 @@ KV bytes from the emulated layout, link capacity from telemetry."""
 import pytest
 
 from prfaas.emulated.topology import emulated_system
-from prfaas.serve.cluster import LiveCluster
-from prfaas.serve.model import engine_config, kv_geometry, prefill_models
-from prfaas.serve.plan import live_plan_inputs
+from prfaas.serve.engines import engine_backend
+from prfaas.serve.router.cluster import LiveCluster
+from prfaas.serve.router.plan import live_plan_inputs
 
 
 def test_controller_plans_with_the_scaled_scenarios_pools() -> None:
@@ -23,7 +23,7 @@ def test_controller_plans_with_the_scaled_scenarios_pools() -> None:
 
 def test_router_predicts_the_bytes_the_workers_ship_and_hears_the_link() -> None:
     es = emulated_system("paper-case-study", "prfaas_pd", link_emulation="token-bucket")
-    geo = kv_geometry(es.topology.model, engine_config(es.topology.model))
+    geo = engine_backend(es.topology).card().kv
     assert geo.size_bytes(1000) == es.scaled.layout.size_bytes(1000)
     cluster = LiveCluster(es.topology, geo)
     assert cluster.view().link().capacity_gbps == pytest.approx(es.topology.link.rate_gbps)
@@ -45,14 +45,12 @@ def test_router_predicts_prefill_work_as_the_simulator_does() -> None:
     as the simulator's router reads it), corrected by measured / predicted; a worker's queued
     work is its predicted drain time (FIFO), not the sum of what it was ever sent."""
     es = emulated_system("paper-case-study", "homogeneous_pd", link_emulation="token-bucket")
-    models = prefill_models(es.topology)
+    models = engine_backend(es.topology).prefill_models()
     profile = es.scaled.scenario.homogeneous.hardware.require_prefill()
     assert set(models) == {w.name for w in es.topology.workers if w.is_prefill}
     assert all(m == profile for m in models.values())
     clock = Clock()
-    cluster = LiveCluster(es.topology, kv_geometry(es.topology.model,
-                                                   engine_config(es.topology.model)),
-                          models, clock)
+    cluster = LiveCluster(es.topology, engine_backend(es.topology).card().kv, models, clock)
     short, long = cluster.prefill_time_s("pdp-0", 1000, 0), cluster.prefill_time_s("pdp-0",
                                                                                     16000, 0)
     assert short == pytest.approx(profile.seconds(1000))

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from prfaas.engine import Engine, LayerKV
-from prfaas.serve.kvship import layer_arrays, meta_arrays, reframe
 from prfaas.serve.topology import Topology, parse_topology
+from prfaas.serve.worker.kvship import layer_arrays, meta_arrays, reframe
 
 KEY = "sk-test-0123456789abcdef"
 

@@ -22,9 +22,9 @@ import pytest
 from security_helpers import Shipment, request, shipment, topology
 
 from prfaas.engine import Engine
-from prfaas.serve.launcher import Deployment
-from prfaas.serve.manifest import Binding, ManifestBuilder, model_identity
-from prfaas.serve.model import engine_config
+from prfaas.serve.deploy.launcher import Deployment
+from prfaas.serve.native import engine_config
+from prfaas.serve.worker.manifest import Binding, ManifestBuilder, model_identity
 from prfaas.transport import KVSender, SenderConfig
 
 _ids = itertools.count(1000)

@@ -17,8 +17,8 @@ from security_helpers import KEY, Certs, request, topology
 
 from prfaas.security.certs import Member, init_certs
 from prfaas.security.tls import Identity
-from prfaas.serve.launcher import Deployment
-from prfaas.serve.model import engine_config
+from prfaas.serve.deploy.launcher import Deployment
+from prfaas.serve.native import engine_config
 
 LONG = "The prefill cluster streams KVCache layer by layer across datacenters. " * 6
 

@@ -13,7 +13,7 @@ def live() -> Iterator[Any]:
     """One deployment (serve_helpers.topology) shared by the live test modules."""
     from serve_helpers import topology
 
-    from prfaas.serve.launcher import Deployment
+    from prfaas.serve.deploy.launcher import Deployment
 
     with Deployment(topology()) as dep:
         yield dep

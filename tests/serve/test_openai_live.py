@@ -15,7 +15,7 @@ import torch
 from serve_helpers import MODEL, THRESHOLD_TOKENS, get_text
 
 from prfaas.engine import SamplingParams
-from prfaas.serve.launcher import Deployment
+from prfaas.serve.deploy.launcher import Deployment
 
 pytestmark = pytest.mark.timeout(600)
 openai = pytest.importorskip("openai")

@@ -10,10 +10,10 @@ import pytest
 from serve_helpers import MODEL
 
 from prfaas.engine import ByteTokenizer
-from prfaas.serve import openai_params as op
-from prfaas.serve.choices import Choice, completion_logprobs, prompt_entries
-from prfaas.serve.openai_api import ApiError, GenRequest, parse
-from prfaas.serve.respond import Reply
+from prfaas.serve.router import openai_params as op
+from prfaas.serve.router.choices import Choice, completion_logprobs, prompt_entries
+from prfaas.serve.router.openai_api import ApiError, GenRequest, parse
+from prfaas.serve.router.respond import Reply
 from prfaas.serve.stops import StopText
 
 TOK = ByteTokenizer()
@@ -177,8 +177,8 @@ def test_stream_chunks_of_two_choices_and_chat_role() -> None:
 
 
 def test_decode_worker_reads_old_and_new_sampling_dicts() -> None:
-    from prfaas.serve.decode_worker import sampling_from
-    from prfaas.serve.protocol import ProtocolError
+    from prfaas.serve.worker.decode_worker import sampling_from
+    from prfaas.serve.worker.protocol import ProtocolError
 
     params, n, stops, offset = sampling_from({"temperature": 0.5, "top_p": 0.9, "seed": 3,
                                               "ignore_eos": True})
@@ -194,8 +194,8 @@ def test_decode_worker_reads_old_and_new_sampling_dicts() -> None:
 
 
 def test_events_without_what_the_request_needs_are_502() -> None:
-    from prfaas.serve.backends import TokenEvent
-    from prfaas.serve.respond import feed
+    from prfaas.serve.router.backends import TokenEvent
+    from prfaas.serve.router.respond import feed
 
     req = _parse({**BASE["completions"], "logprobs": 2, "n": 2})
     reply = Reply(req, "cmpl-x")

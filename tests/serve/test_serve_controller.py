@@ -19,8 +19,8 @@ from serve_helpers import complete, get_text
 
 from prfaas.planner.search import PlanInputs
 from prfaas.policy.controller import ControllerConfig, solve_threshold
-from prfaas.serve.launcher import Deployment
-from prfaas.serve.plan import live_plan_inputs
+from prfaas.serve.deploy.launcher import Deployment
+from prfaas.serve.router.plan import live_plan_inputs
 from prfaas.serve.topology import Topology, load_topology
 from prfaas.workload.lengths import empirical
 

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from serve_helpers import MODEL, complete, get_text, post, topology
 
-from prfaas.serve.launcher import Deployment
+from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.topology import free_port
 from prfaas.transport.wire import DType, Kind, data_header
 

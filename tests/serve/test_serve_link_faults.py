@@ -17,9 +17,9 @@ from serve_helpers import MODEL, get_text, topology
 
 from prfaas.bench.loadgen import run_load
 from prfaas.bench.workload import BenchRequest
-from prfaas.serve.faults import Fault, FaultRunner, summarize
-from prfaas.serve.launcher import Deployment
-from prfaas.serve.netns import NetnsError, NetnsLink, namespaces, netns_available
+from prfaas.serve.deploy.faults import Fault, FaultRunner, summarize
+from prfaas.serve.deploy.launcher import Deployment
+from prfaas.serve.deploy.netns import NetnsError, NetnsLink, namespaces, netns_available
 
 pytestmark = pytest.mark.timeout(600)
 RATE_GBPS = 0.05

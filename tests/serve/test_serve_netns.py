@@ -10,8 +10,8 @@ import pytest
 from serve_helpers import complete, topology
 
 from prfaas.engine import Engine, EngineConfig
-from prfaas.serve.launcher import Deployment
-from prfaas.serve.netns import NetnsError, NetnsLink, namespaces, netns_available
+from prfaas.serve.deploy.launcher import Deployment
+from prfaas.serve.deploy.netns import NetnsError, NetnsLink, namespaces, netns_available
 
 RATE_GBPS = 0.02  # 20 Mbit/s: a ~1.3 MB KV takes ~0.5 s, far above loopback noise
 

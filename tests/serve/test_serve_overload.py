@@ -13,7 +13,7 @@ from serve_helpers import MODEL, topology
 
 from prfaas.bench.loadgen import run_load
 from prfaas.bench.workload import BenchRequest
-from prfaas.serve.launcher import Deployment
+from prfaas.serve.deploy.launcher import Deployment
 
 pytestmark = pytest.mark.timeout(600)
 MAX_TOKENS = 8

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from serve_helpers import MODEL, THRESHOLD_TOKENS, complete, get_text, topology
 
-from prfaas.serve.launcher import Deployment
+from prfaas.serve.deploy.launcher import Deployment
 
 pytestmark = pytest.mark.timeout(600)
 MAX_TOKENS = 24

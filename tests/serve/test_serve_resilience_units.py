@@ -18,8 +18,10 @@ from aiohttp import web
 from serve_helpers import MODEL, topology
 
 from prfaas.core.errors import ConfigError
-from prfaas.engine import ByteTokenizer, EngineConfig
-from prfaas.serve.backends import (
+from prfaas.engine import ByteTokenizer
+from prfaas.serve.deploy.supervisor import Supervisor
+from prfaas.serve.resilience import RestartSpec
+from prfaas.serve.router.backends import (
     Attempt,
     AttemptFailed,
     AttemptReport,
@@ -27,14 +29,12 @@ from prfaas.serve.backends import (
     WorkerBackend,
     make_backend,
 )
-from prfaas.serve.dispatch import Dispatcher, Outcome
-from prfaas.serve.failover import guarded
-from prfaas.serve.openai_api import ApiError, parse
-from prfaas.serve.protocol import error_reply
-from prfaas.serve.resilience import RestartSpec
-from prfaas.serve.router import RouterService
-from prfaas.serve.supervisor import Supervisor
+from prfaas.serve.router.dispatch import Dispatcher, Outcome
+from prfaas.serve.router.failover import guarded
+from prfaas.serve.router.openai_api import ApiError, parse
+from prfaas.serve.router.service import RouterService
 from prfaas.serve.topology import WorkerSpec, free_port
+from prfaas.serve.worker.protocol import error_reply
 
 TOK = ByteTokenizer()
 FOUR = [{"name": "prfaas-0", "role": "prfaas"}, {"name": "pdp-0", "role": "pd-p"},
@@ -71,7 +71,7 @@ def test_resilience_keys_round_trip(tmp_path: Path) -> None:
 
 
 def _service(**overrides: Any) -> RouterService:
-    return RouterService(topology(workers=FOUR, **overrides), EngineConfig.tiny())
+    return RouterService(topology(workers=FOUR, **overrides))
 
 
 def test_membership_down_up_restart_and_the_policy_view() -> None:
@@ -265,7 +265,7 @@ def test_kv_deadline_follows_the_predicted_transfer_time() -> None:
 
 
 def test_delay_stage_adds_the_rtt_it_is_told(tmp_path: Path) -> None:
-    from prfaas.serve.delay import DelayStage
+    from prfaas.serve.deploy.delay import DelayStage
 
     async def run() -> tuple[float, float]:
         async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:

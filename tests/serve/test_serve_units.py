@@ -12,18 +12,18 @@ from serve_helpers import MODEL, topology
 from prfaas.bench.workload import Scaling, from_mooncake_row, poisson_arrivals, synthetic
 from prfaas.core.errors import ConfigError
 from prfaas.core.types import RouteDecision
-from prfaas.engine import ByteTokenizer, EngineConfig
+from prfaas.engine import ByteTokenizer
 from prfaas.policy.base import Router
-from prfaas.serve.cluster import LiveCluster
-from prfaas.serve.dispatch import Dispatcher
-from prfaas.serve.kvship import reframe
-from prfaas.serve.metrics import RouterMetrics
-from prfaas.serve.model import engine_config, kv_geometry, prefill_models
-from prfaas.serve.openai_api import ApiError, load_json, parse
-from prfaas.serve.prefix_store import PrefixStore
-from prfaas.serve.router import RouterService
+from prfaas.serve.engines import engine_backend
+from prfaas.serve.router.cluster import LiveCluster
+from prfaas.serve.router.dispatch import Dispatcher
+from prfaas.serve.router.metrics import RouterMetrics
+from prfaas.serve.router.openai_api import ApiError, load_json, parse
+from prfaas.serve.router.service import RouterService
 from prfaas.serve.stops import StopText
 from prfaas.serve.topology import load_topology, parse_topology
+from prfaas.serve.worker.kvship import reframe
+from prfaas.serve.worker.prefix_store import PrefixStore
 
 TOK = ByteTokenizer()
 
@@ -162,7 +162,7 @@ def test_policy_rejection_is_429() -> None:
         def route(self, query: Any, view: Any) -> RouteDecision:
             return RouteDecision.reject("overloaded", 7)
 
-    service = RouterService(topology(), EngineConfig.tiny(), policy=Reject())
+    service = RouterService(topology(), policy=Reject())
     dispatcher = Dispatcher(service.topology, service.cluster, service.manager, service.policy,
                             None, 64)  # type: ignore[arg-type]  # never reaches a worker
     req = _parse({"model": MODEL, "prompt": "x"})
@@ -173,8 +173,9 @@ def test_policy_rejection_is_429() -> None:
 
 def test_without_a_cost_model_the_router_learns_seconds_per_token() -> None:
     topo = topology()
-    assert prefill_models(topo) == {}  # the torch engine: no profile to predict with
-    cluster = LiveCluster(topo, kv_geometry(topo.model, engine_config(topo.model)))
+    backend = engine_backend(topo)
+    assert backend.prefill_models() == {}  # the torch engine: no profile to predict with
+    cluster = LiveCluster(topo, backend.card().kv)
     cluster.measured("pdp-0", 0.5, 1200, 200)  # 0.5 s for 1000 computed tokens
     assert cluster.prefill_time_s("pdp-0", 2000, 0) == pytest.approx(2000 * 0.5 / 1000)
     assert cluster.prefill_time_s("pdp-0", 2000, 1000) == pytest.approx(0.5)

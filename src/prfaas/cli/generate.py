@@ -8,12 +8,60 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import click
 
 from prfaas.engine.engine import Engine
 from prfaas.engine.presets import PRESETS, engine_config
 from prfaas.engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Options:
+    prompt: str
+    max_tokens: int
+    as_json: bool
+    temperature: float
+    top_p: float
+    seed: int
+    preset: str
+    model_seed: int | None
+    weights: str | None
+    threads: int | None
+    model_dir: str | None
+    topology_path: str | None
+
+
+def _native(o: Options) -> None:
+    config = engine_config(o.preset, seed=o.model_seed, threads=o.threads)
+    engine = Engine(config, weights_path=o.weights)
+    prompt_ids = engine.tokenizer.encode(o.prompt)
+    sampling = SamplingParams(temperature=o.temperature, top_p=o.top_p, seed=o.seed)
+    t0 = time.perf_counter()
+    token_ids = engine.generate(prompt_ids, o.max_tokens, sampling)
+    elapsed_s = time.perf_counter() - t0
+    text = engine.tokenizer.decode(token_ids)
+    if not o.as_json:
+        click.echo(text)
+        return
+    click.echo(json.dumps({
+        "text": text, "token_ids": token_ids, "prompt_tokens": len(prompt_ids),
+        "model": config.name, "layer_pattern": config.layer_pattern, "seed": config.seed,
+        "threads": config.threads, "elapsed_s": round(elapsed_s, 4),
+    }))
+
+
+def _vllm(o: Options) -> None:
+    from prfaas.integrations.vllm.cli import generate_vllm
+
+    generate_vllm(o.prompt, o.max_tokens, o.as_json, o.model_dir, o.topology_path)
+
+
+# the single-process reference of each engine that has one (the emulated engine's is its
+# `generate`, used by its tests)
+REFERENCES: dict[str, Callable[[Options], None]] = {"native": _native, "vllm": _vllm}
 
 
 @click.command("generate")
@@ -28,7 +76,7 @@ from prfaas.engine.sampling import SamplingParams
 @click.option("--weights", default=None, type=click.Path(), help="safetensors weights file.")
 @click.option("--threads", default=None, type=int, help="torch threads (default 1).")
 @click.option("--engine", "engine_kind", default="native", show_default=True,
-              type=click.Choice(["native", "vllm"]),
+              type=click.Choice(sorted(REFERENCES)),
               help="vllm: one standalone vLLM engine, greedy (the `vllm` extra).")
 @click.option("--model", "model_dir", default=None, help="vllm: model directory.")
 @click.option("--topology", "topology_path", default=None,
@@ -39,24 +87,5 @@ def command(prompt: str, max_tokens: int, as_json: bool, temperature: float, top
             threads: int | None, engine_kind: str, model_dir: str | None,
             topology_path: str | None) -> None:
     """Generate text with the hybrid-attention engine (the single-process reference)."""
-    if engine_kind == "vllm":
-        from prfaas.integrations.vllm.cli import generate_vllm
-
-        generate_vllm(prompt, max_tokens, as_json, model_dir, topology_path)
-        return
-    config = engine_config(preset, seed=model_seed, threads=threads)
-    engine = Engine(config, weights_path=weights)
-    prompt_ids = engine.tokenizer.encode(prompt)
-    sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
-    t0 = time.perf_counter()
-    token_ids = engine.generate(prompt_ids, max_tokens, sampling)
-    elapsed_s = time.perf_counter() - t0
-    text = engine.tokenizer.decode(token_ids)
-    if not as_json:
-        click.echo(text)
-        return
-    click.echo(json.dumps({
-        "text": text, "token_ids": token_ids, "prompt_tokens": len(prompt_ids),
-        "model": config.name, "layer_pattern": config.layer_pattern, "seed": config.seed,
-        "threads": config.threads, "elapsed_s": round(elapsed_s, 4),
-    }))
+    REFERENCES[engine_kind](Options(prompt, max_tokens, as_json, temperature, top_p, seed, preset,
+                                    model_seed, weights, threads, model_dir, topology_path))

@@ -53,17 +53,17 @@ def command(scenario_name: str, out_dir: str, live: bool, quick: bool,
         raise ConfigError("--outage", outage_text, "needs --live (the simulated outage is "
                           "`prfaas simulate --outage`)")
     if live and outage_text:
-        from prfaas.emulated.report import run_outage_command
+        from prfaas.experiments.report import run_outage_command
 
         run_outage_command(scenario, Path(out_dir), outage_text, load, scales_text)
         return
     if live and fluctuation:
-        from prfaas.emulated.report import run_fluctuation_command
+        from prfaas.experiments.report import run_fluctuation_command
 
         run_fluctuation_command(Path(out_dir), scales_text)
         return
     if live:
-        from prfaas.emulated.report import run_live_command
+        from prfaas.experiments.report import run_live_command
 
         run_live_command(scenario, Path(out_dir), quick, scales_text, keep_logs)
         return

@@ -11,8 +11,8 @@ import click
 
 from prfaas.core.errors import ConfigError
 from prfaas.security.apikey import check_key
-from prfaas.serve.launcher import Deployment
-from prfaas.serve.router import build_policy
+from prfaas.serve.deploy.launcher import Deployment
+from prfaas.serve.router.service import build_policy
 from prfaas.serve.topology import load_topology
 
 

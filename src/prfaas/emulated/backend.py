@@ -1,4 +1,5 @@
-"""What a topology's `model: {backend: emulated, scenario, system, scales}` builds.
+"""The emulated engine backend (`engine: emulated`, or `model: {backend: emulated}`): what a
+topology's `model: {backend: emulated, scenario, system, scales}` builds.
 
 Each worker process loads the scenario, scales it (scales.py) and takes the hardware its role
 has in the named system: prfaas_pd: `prfaas` = the PrfaaS pool's, `pd-p` and `pd-d` = the PD
@@ -10,25 +11,26 @@ needs (prefill for prefill roles, decode for pd-d) is a ConfigError naming the h
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prfaas.core.errors import ConfigError, UnknownNameError
-from prfaas.emulated.engine import EmulatedEngine
 from prfaas.emulated.scales import ScaledScenario, Scales, scale_scenario
-from prfaas.engine.config import EngineConfig
-from prfaas.models.profile import HardwareProfile
+from prfaas.models.card import ModelCard
+from prfaas.models.engine_config import EngineConfig
+from prfaas.models.kv import KVGeometry
+from prfaas.models.profile import HardwareProfile, PrefillTime
 from prfaas.planner.search import PlanInputs
 from prfaas.scenario import load_scenario
+from prfaas.serve.engines import EngineBackend
+
+if TYPE_CHECKING:
+    from prfaas.emulated.engine import EmulatedEngine
 
 SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
 ROLES_OF = {"prfaas_pd": ("prfaas", "pd-p", "pd-d"), "homogeneous_pd": ("pd-p", "pd-d"),
             "naive_heterogeneous": ("prfaas", "pd-d")}
 _KEYS = {"backend", "scenario", "system", "scales"}
 BLOCK_ALIGN = 64
-
-
-def is_emulated(model: dict[str, Any]) -> bool:
-    return model.get("backend") == "emulated"
 
 
 def check_system(system: str) -> str:
@@ -80,6 +82,8 @@ def emulated_config(scaled: ScaledScenario) -> EngineConfig:
 
 
 def emulated_engine(model: dict[str, Any], role: str) -> EmulatedEngine:
+    from prfaas.emulated.engine import EmulatedEngine  # torch: in the worker processes only
+
     scaled, system = scaled_from_model(model)
     hw = hardware_for(scaled, system, role)
     return EmulatedEngine(scaled.layout, emulated_config(scaled), hw.prefill, hw.decode)
@@ -104,3 +108,30 @@ def emulated_plan_inputs(topology: Any) -> PlanInputs:
         decode=hardware_for(scaled, system, "pd-d").require_decode(),
         n_prfaas=len(topology.by_role("prfaas")), n_pd=n_pd,
         link_gbps=topology.link.rate_gbps or s.link_gbps, intra_gbps=s.intra_gbps)
+
+
+class EmulatedEngineBackend(EngineBackend):
+    """Workers that sleep their hardware profile's time; the router predicts with the same
+    profiles and plans with the scaled scenario (the simulator's inputs)."""
+
+    name = "emulated"
+
+    def card(self) -> ModelCard:
+        scaled = scaled_from_model(self.topology.model)[0]
+        config = emulated_config(scaled)
+        kv = scaled.layout.kv_size()
+        geo = KVGeometry(config.name, kv.per_token_bytes, kv.fixed_bytes, 0.0, 0, 0.0)
+        return ModelCard(config.name, config.max_context_tokens, config.block_size_tokens, geo)
+
+    def prefill_models(self) -> dict[str, PrefillTime]:
+        """An emulated worker's prior is its role's hardware profile (what it sleeps, in live
+        units), the one the simulator's router reads."""
+        scaled, system = scaled_from_model(self.topology.model)
+        return {w.name: hardware_for(scaled, system, w.role).require_prefill()
+                for w in self.topology.workers if w.is_prefill}
+
+    def plan_inputs(self) -> PlanInputs:
+        return emulated_plan_inputs(self.topology)
+
+    def worker_engine(self, name: str) -> EmulatedEngine:
+        return emulated_engine(self.topology.model, self.topology.worker(name).role)

@@ -1,4 +1,5 @@
-"""The emulated Engine: the workers' Engine interface with compute replaced by sleeps.
+"""The emulated engine: the workers' engine interface (engine/base.py) with compute replaced
+by sleeps.
 
 - prefill: T'_prefill(total, cached) seconds from the hardware profile (already in live units,
   scales.py), spent layer by layer: layer i's KV is handed to the hook when (i + 1) / L of the
@@ -26,11 +27,10 @@ import torch
 
 from prfaas.core.errors import ConfigError
 from prfaas.emulated.layout import EmulatedLayout
-from prfaas.engine.config import EngineConfig
-from prfaas.engine.engine import DecodeSeq, Engine, PrefillResult
+from prfaas.engine.base import DecodeSeq, EngineBase, PrefillResult
 from prfaas.engine.kv import AttnStore, LayerKV, LinearStore, SequenceKV, Store
 from prfaas.engine.sampling import SamplingParams
-from prfaas.engine.tokenizer import ByteTokenizer
+from prfaas.models.engine_config import EngineConfig
 from prfaas.models.profile import DecodeTime, PrefillTime
 
 _MOD = 16_777_213  # < 2**24: every payload value is an exact float32 integer
@@ -113,7 +113,7 @@ def linear_state(token_ids: list[int], end: int, layer: int, width: int) -> torc
     return torch.from_numpy(vals.astype(np.float32))
 
 
-class EmulatedEngine(Engine):
+class EmulatedEngine(EngineBase):
     """Engine interface, emulated compute (see the module docstring). `prefill_time` and
     `decode_time` are in live seconds; a worker whose role needs one that is None fails at
     construction in backend.py, not here."""
@@ -122,10 +122,9 @@ class EmulatedEngine(Engine):
                  prefill_time: PrefillTime | None, decode_time: DecodeTime | None,
                  sleep: Callable[[float], None] = time.sleep,
                  now: Callable[[], float] = time.perf_counter) -> None:
-        # Engine.__init__ builds the torch model: deliberately not called
-        self.config, self.layout = config, layout
+        super().__init__(config)
+        self.layout = layout
         self.prefill_time, self.decode_time = prefill_time, decode_time
-        self.tokenizer = ByteTokenizer()
         self._sleep, self._now = sleep, now
 
     def new_kv(self) -> SequenceKV:

@@ -16,10 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prfaas.emulated.backend import ROLES_OF, check_system, emulated_config, hardware_for
+from prfaas.emulated.backend import (
+    ROLES_OF,
+    EmulatedEngineBackend,
+    check_system,
+    emulated_config,
+    hardware_for,
+)
 from prfaas.emulated.scales import ScaledScenario, Scales, scale_scenario
 from prfaas.scenario import Scenario, load_scenario
-from prfaas.serve.netns import netns_available
+from prfaas.serve.deploy.netns import netns_available
 from prfaas.serve.topology import LinkSpec, Timeouts, Topology, WorkerSpec
 from prfaas.sim.system import SystemConfig, build_system
 
@@ -53,9 +59,11 @@ def emulated_system(scenario: str | Scenario, system: str, scales: Scales | None
     bs_max = {"prfaas_pd": scaled.scenario.pd, "homogeneous_pd": scaled.scenario.homogeneous,
               "naive_heterogeneous": scaled.scenario.naive_decode}[system].hardware
     slots = bs_max.require_decode().bs_max
-    workers = ([WorkerSpec(f"prfaas-{i}", "prfaas") for i in range(plan.n_prfaas)]
-               + [WorkerSpec(f"pdp-{i}", "pd-p") for i in range(plan.n_p)]
-               + [WorkerSpec(f"pdd-{i}", "pd-d", max_batch=slots) for i in range(plan.n_d)])
+    engine = EmulatedEngineBackend.name
+    workers = ([WorkerSpec(f"prfaas-{i}", "prfaas", engine=engine) for i in range(plan.n_prfaas)]
+               + [WorkerSpec(f"pdp-{i}", "pd-p", engine=engine) for i in range(plan.n_p)]
+               + [WorkerSpec(f"pdd-{i}", "pd-d", max_batch=slots, engine=engine)
+                  for i in range(plan.n_d)])
     t_live = scaled.live_threshold(plan.threshold_tokens)
     emulation = ("netns" if netns_available() else "token-bucket") \
         if link_emulation == "auto" else link_emulation

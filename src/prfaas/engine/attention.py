@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from prfaas.engine.config import EngineConfig
 from prfaas.engine.kv import AttnStore, Store
 from prfaas.engine.ops import apply_rope, causal_attention, proj, rms_norm
+from prfaas.models.engine_config import EngineConfig
 
 Work = dict[str, Any]
 QUERY_TILE = 64  # forward_full query tile: bounds the score matrix, keeps it in cache

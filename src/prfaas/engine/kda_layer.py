@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prfaas.engine.config import CONV_KERNEL, KDA_CHUNK_TOKENS, EngineConfig
 from prfaas.engine.kda import GATE_FLOOR, kda_chunk, kda_recurrent_step
 from prfaas.engine.kv import LinearStore, Store
 from prfaas.engine.ops import l2_norm, proj, rms_norm
+from prfaas.models.engine_config import CONV_KERNEL, KDA_CHUNK_TOKENS, EngineConfig
 
 
 def _param(*shape: int) -> nn.Parameter:

@@ -30,10 +30,10 @@ from torch import nn
 
 from prfaas.core.errors import ConfigError
 from prfaas.engine.attention import GQA, MLA, Rope
-from prfaas.engine.config import EngineConfig
 from prfaas.engine.kda_layer import KDA
 from prfaas.engine.kv import Store
 from prfaas.engine.ops import proj, rms_norm, rope_tables, swiglu
+from prfaas.models.engine_config import EngineConfig
 
 Mixer = MLA | GQA | KDA
 

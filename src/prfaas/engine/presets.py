@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prfaas.core.errors import UnknownNameError
-from prfaas.engine.config import EngineConfig
+from prfaas.models.engine_config import EngineConfig
 
 PRESETS: dict[str, Callable[..., EngineConfig]] = {
     "tiny": EngineConfig.tiny,

@@ -21,10 +21,10 @@ import torch
 
 from prfaas.core.errors import ConfigError
 from prfaas.engine.penalties import TokenHistory, apply_penalties
+from prfaas.models.card import MAX_LOGPROBS
 
 _STEP_STRIDE = 1_000_003  # a prime: (seed, step) pairs map to distinct generator seeds
 _SEQ_STRIDE = 7_919  # sequence i > 0 of one request (n > 1) draws from seed + i * stride
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI's chat top_logprobs limit
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The topology's resilience settings, one validated dataclass per key.
 
-- `health:`   active checks of every worker by the router (serve/membership.py);
-- `restart:`  the launcher's supervision of worker processes (serve/supervisor.py);
+- `health:`   active checks of every worker by the router (serve/router/membership.py);
+- `restart:`  the launcher's supervision of worker processes (serve/deploy/supervisor.py);
 - `kv_deadline:` how long the KV of one request may take after its prefill computed:
   max(floor_s, multiplier x predicted transfer time), predicted = KV bytes / link rate;
 - `admission:` bounded queues in the router: at most `max_inflight` requests in flight and

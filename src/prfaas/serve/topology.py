@@ -21,6 +21,7 @@ import yaml
 from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_text
 from prfaas.security.spec import SecuritySpec, parse_security
+from prfaas.serve.engines import DEFAULT_ENGINE, backend_class, engine_names
 from prfaas.serve.resilience import (
     AdmissionSpec,
     DeadlineSpec,
@@ -51,7 +52,6 @@ def _mapping(raw: object, where: str) -> dict[str, Any]:
 
 
 EMULATIONS = ("token-bucket", "netns")
-ENGINES = ("native", "vllm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +59,9 @@ class LinkSpec:
     rate_gbps: float | None = None  # None: unshaped loopback
     connections: int = 4
     # token-bucket: each sender shapes itself in user space (any host, no privileges);
-    # netns: the kernel shapes a veth into the PrfaaS workers' namespace (root; serve/netns.py)
+    # netns: the kernel shapes a veth into the PrfaaS workers' namespace (root; deploy/netns.py)
     emulation: str = "token-bucket"
-    delay_stage: bool = False  # netns: KV relayed through serve/delay.py (added RTT faults)
+    delay_stage: bool = False  # netns: KV relayed through serve/deploy/delay.py (added RTT faults)
 
     def __post_init__(self) -> None:
         if self.rate_gbps is not None and not self.rate_gbps > 0:
@@ -91,14 +91,14 @@ class WorkerSpec:
     kv_port: int = 0  # pd-d only: where its KVReceiver listens
     max_batch: int = 16  # pd-d only: continuous-batching slots
     tls: bool = False  # its control API is HTTPS (prfaas workers when the topology has TLS)
-    engine: str = "native"  # native: prfaas workers; vllm: a vLLM instance (vllm_settings.py)
+    engine: str = DEFAULT_ENGINE  # a registered engine backend (serve/engines.py)
     cores: str | None = None  # vllm: VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
     vllm_args: tuple[str, ...] = ()  # vllm: more server arguments for this instance
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
+        if self.engine not in engine_names():
             raise ConfigError(f"workers.{self.name}.engine", self.engine,
-                              f"unknown; known: {', '.join(ENGINES)}")
+                              f"unknown; known: {', '.join(engine_names())}")
         if self.role not in ROLES:
             raise ConfigError(f"workers.{self.name}.role", self.role,
                               f"unknown; known: {', '.join(ROLES)}")
@@ -149,7 +149,7 @@ class Topology:
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache_capacity_bytes: int = 512 * 2**20  # per worker prefix cache
     max_retries: int = 3  # failed attempts per request retried (no token yet) or resumed
-    profile: str = "cpu-tiny"  # measured engine profile (serve/plan.py): embedded name or path
+    profile: str = "cpu-tiny"  # measured engine profile (router/plan.py): name or path
     health: HealthSpec = field(default_factory=HealthSpec)  # serve/resilience.py
     restart: RestartSpec = field(default_factory=RestartSpec)
     kv_deadline: DeadlineSpec = field(default_factory=DeadlineSpec)
@@ -162,8 +162,6 @@ class Topology:
         engines = {w.engine for w in self.workers}
         if len(engines) > 1:
             raise ConfigError("workers.engine", sorted(engines), "all workers need one engine")
-        if engines == {"vllm"} and self.vllm is None:
-            raise ConfigError("vllm", None, "workers with engine: vllm need a `vllm:` section")
         if len(set(names)) != len(names):
             raise ConfigError("workers", names, "worker names must be unique")
         if not self.by_role("pd-d"):
@@ -172,6 +170,7 @@ class Topology:
             raise ConfigError("workers", names, "need at least one prefill worker")
         if not 0 <= self.router_port < 65536:
             raise ConfigError("router.port", self.router_port, "must be in [0, 65535]")
+        backend_class(self.engine).check(self)  # e.g. vllm: needs a `vllm:` section
 
     def by_role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)
@@ -196,7 +195,7 @@ class Topology:
 
     def kv_dest(self, prefill: WorkerSpec, decode: WorkerSpec) -> tuple[str, int]:
         """Where `prefill` ships KV for `decode`: its KV port, or with `link.delay_stage` the
-        delay stage's copy of that port inside the PrfaaS namespace (serve/delay.py)."""
+        delay stage's copy of that port inside the PrfaaS namespace (serve/deploy/delay.py)."""
         if self.link.delay_stage and prefill.role == "prfaas":
             return prefill.host, decode.kv_port
         return decode.host, decode.kv_port
@@ -239,7 +238,7 @@ class Topology:
             "workers": [{"name": w.name, "role": w.role, "host": w.host, "port": w.port,
                          "kv_port": w.kv_port, "max_batch": w.max_batch,
                          **({"engine": w.engine, "cores": w.cores, "vllm_args": list(w.vllm_args)}
-                            if w.engine != "native" else {})} for w in self.workers],
+                            if w.engine != DEFAULT_ENGINE else {})} for w in self.workers],
             **({"vllm": self.vllm.to_dict()} if self.vllm is not None else {}),
         }
 
@@ -271,7 +270,7 @@ def _link(raw: object, where: str, default: LinkSpec) -> LinkSpec:
                     bool(m.get("delay_stage", False)))
 
 
-def _worker(raw: object, index: int) -> WorkerSpec:
+def _worker(raw: object, index: int, default_engine: str) -> WorkerSpec:
     m = _mapping(raw, f"workers[{index}]")
     _keys(m, {"name", "role", "host", "port", "kv_port", "max_batch", "engine", "cores",
               "vllm_args"}, f"workers[{index}]")
@@ -280,7 +279,7 @@ def _worker(raw: object, index: int) -> WorkerSpec:
     cores = m.get("cores")
     return WorkerSpec(str(m["name"]), m["role"], str(m.get("host", "127.0.0.1")),
                       int(m.get("port", 0)), int(m.get("kv_port", 0)), int(m.get("max_batch", 16)),
-                      engine=str(m.get("engine", "native")),
+                      engine=str(m.get("engine", default_engine)),
                       cores=None if cores is None else str(cores),
                       vllm_args=tuple(str(a) for a in m.get("vllm_args", ())))
 
@@ -322,7 +321,10 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
     workers = m.get("workers")
     if not isinstance(workers, list) or not workers:
         raise ConfigError("workers", workers, "must be a non-empty list")
-    specs = tuple(_worker(w, i) for i, w in enumerate(workers))
+    model = dict(_mapping(m.get("model"), "model"))
+    # a worker without `engine:` runs the model's `backend` (the emulated topologies' form)
+    default_engine = str(model.get("backend", DEFAULT_ENGINE))
+    specs = tuple(_worker(w, i, default_engine) for i, w in enumerate(workers))
     security = parse_security(m.get("security"), base,
                               [w.host for w in specs if w.role == "prfaas"],
                               [w.host for w in specs if w.role != "prfaas"])
@@ -330,7 +332,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
     return Topology(
         name=str(m.get("name", "topology")),
         workers=specs, security=security,
-        model=dict(_mapping(m.get("model"), "model")),
+        model=model,
         policy=str(policy.pop("name", "prfaas-threshold")), policy_args=policy,
         router_host=str(router.get("host", "127.0.0.1")), router_port=int(router.get("port", 8000)),
         link=_link(m.get("link"), "link", LinkSpec(0.05, 4)),

@@ -32,7 +32,7 @@ class ReceivedKV:
     num_bytes: int
     first_byte_s: float
     complete_s: float
-    manifest: bytes = b""  # what the sender's first END carried (serve/manifest.py reads it)
+    manifest: bytes = b""  # what the sender's first END carried (serve/worker/manifest.py reads it)
 
 
 @dataclass(slots=True)

@@ -145,7 +145,7 @@ class FrameHeader:
 @dataclass(frozen=True, slots=True)
 class EndInfo:
     """END payload: what the whole request carried, which of the sender's streams this is, and
-    the manifest (opaque bytes here; serve/manifest.py gives them meaning; stream 0 only)."""
+    the manifest (opaque bytes here; serve/worker/manifest.py gives them meaning; stream 0 only)."""
 
     num_tensors: int
     tensor_bytes: int

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from prfaas.serve.backends import Attempt, AttemptFailed, AttemptReport, make_backend
+from prfaas.serve.router.backends import Attempt, AttemptFailed, AttemptReport, make_backend
 from prfaas.serve.topology import WorkerSpec
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from prfaas.integrations.vllm.model_builder import ensure_model
 from prfaas.integrations.vllm.reference import reference_spec
 from prfaas.integrations.vllm.server import VllmInstance
-from prfaas.serve.launcher import Deployment
+from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.topology import Topology, free_port, load_topology
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -89,8 +89,8 @@ class ExtraRouter:
         path = log_dir / f"topology.{name}.yaml"
         topo.dump(path)
         log = open(log_dir / f"router-{name}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "prfaas.serve.proc", "--topology",
-                                      str(path), "--name", "router"], stdout=log,
+        self.proc = subprocess.Popen([sys.executable, "-m", "prfaas.serve.deploy.proc",
+                                      "--topology", str(path), "--name", "router"], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + 120

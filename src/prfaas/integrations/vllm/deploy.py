@@ -3,7 +3,7 @@
 Roles map to connector roles: `prfaas` and `pd-p` are producers whose sender shapes itself to
 the worker's link (`link` for PrfaaS, `intra_link` for PD-P: topology.link_of), `pd-d` is the
 consumer whose receiver listens on the worker's `kv_port`. `exec_worker` replaces the calling
-process (`python -m prfaas.serve.proc --name W`) with the vLLM server, so the launcher's pid,
+process (`python -m prfaas.serve.deploy.proc --name W`) with the vLLM server, so the launcher's pid,
 SIGTERM and /health work on it unchanged.
 """
 
@@ -50,23 +50,6 @@ def exec_worker(topology: Topology, name: str) -> None:
                            {"trace_path": os.path.join(trace, f"{name}.trace")})
     cmd = spec.command()
     os.execve(cmd[0], cmd, spec.environ())
-
-
-def router_service(topology: Topology, api_key: str | None = None) -> Any:
-    """The router in front of vLLM instances: the model's own tokenizer, the vLLM backend
-    (`api_key`: clients must send it, as on the native path)."""
-    from prfaas.integrations.vllm.served_model import ServedModel
-    from prfaas.models.kv import geometry
-    from prfaas.serve.router import RouterService
-
-    model = ServedModel.from_settings(settings(topology))
-    geo = geometry(model.to_spec())
-    return RouterService(topology, model, api_key=api_key,  # type: ignore[arg-type]
-                         tokenizer=model.tokenizer(), backend="vllm",
-                         backend_args={"served_name": model.name,
-                                       "block_size_tokens": model.block_size_tokens,
-                                       "kv_bytes_per_token": geo.kv_bytes_per_token,
-                                       "kv_fixed_bytes": int(geo.linear_state_bytes)})
 
 
 def prepare(topology: Topology) -> None:

@@ -1,0 +1,55 @@
+"""The vLLM engine backend (`engine: vllm`): every worker is a vLLM server with the prfaas KV
+connector; the router drives them over vLLM's OpenAI API (router_half.py) with the
+served model's own tokenizer. Nothing here imports vLLM, transformers or torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from prfaas.core.errors import ConfigError
+from prfaas.integrations.vllm.deploy import exec_worker, prepare, settings
+from prfaas.integrations.vllm.served_model import ServedModel
+from prfaas.models.card import ModelCard
+from prfaas.models.kv import KVGeometry, geometry
+from prfaas.serve.engines import EngineBackend
+
+if TYPE_CHECKING:
+    from prfaas.serve.topology import Topology
+
+START_TIMEOUT_S = 600.0  # vLLM instances take 35-200 s to start on a loaded 2-core host
+
+
+class VllmEngineBackend(EngineBackend):
+    name = "vllm"
+    worker_protocol = "vllm"
+    health_has_body = False  # vLLM's /health: 200 and an empty body
+    start_timeout_s = START_TIMEOUT_S
+
+    @classmethod
+    def check(cls, topology: Topology) -> None:
+        if topology.vllm is None:
+            raise ConfigError("vllm", None, "workers with engine: vllm need a `vllm:` section")
+
+    def _model(self) -> tuple[ServedModel, KVGeometry]:
+        model = ServedModel.from_settings(settings(self.topology))
+        return model, geometry(model.to_spec())
+
+    def card(self) -> ModelCard:
+        model, geo = self._model()
+        return ModelCard(model.name, model.max_context_tokens, model.block_size_tokens, geo)
+
+    def tokenizer(self) -> Any:
+        return self._model()[0].tokenizer()
+
+    def worker_protocol_args(self) -> dict[str, Any]:
+        model, geo = self._model()
+        return {"served_name": model.name, "block_size_tokens": model.block_size_tokens,
+                "kv_bytes_per_token": geo.kv_bytes_per_token,
+                "kv_fixed_bytes": int(geo.linear_state_bytes)}
+
+    def prepare(self) -> None:
+        prepare(self.topology)
+
+    def worker_engine(self, name: str) -> NoReturn:
+        exec_worker(self.topology, name)  # this process becomes the vLLM server
+        raise AssertionError("exec_worker returned")

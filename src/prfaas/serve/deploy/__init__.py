@@ -1,0 +1,1 @@
+"""Deployment: launcher, supervisor, process entry point, network namespaces, faults, demo."""

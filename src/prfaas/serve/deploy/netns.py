@@ -1,0 +1,128 @@
+"""A kernel-shaped inter-datacenter link: the PrfaaS workers in their own network namespace.
+
+With `link: {emulation: netns}` the launcher creates a namespace joined to this host by a veth
+pair and shapes the namespace side's egress with `tc tbf` (netem is not available on these
+kernels, so there is no added latency: only the rate). The PrfaaS workers run inside it
+(`ip netns exec`), so their KV really crosses a rate-limited TCP link: one shaper for every
+PrfaaS worker together (unlike the per-sender token bucket), with real queueing, drops and
+retransmissions (visible in TCP_INFO). Needs root and iproute2; `netns_available()` says
+whether this host can.
+
+Faults (serve/deploy/faults.py) act on a live link: `set_rate` changes the tbf rate, `set_up(False)`
+takes the namespace end of the veth down (a partition; these hosts have no iptables/nft, and
+no tc drop action module).
+
+Addresses: host side 10.231.<k>.1/30 (the decode workers bind there, so both the host and the
+namespace reach them), namespace side 10.231.<k>.2/30 (the PrfaaS workers). Router -> PrfaaS
+control traffic goes host -> namespace, unshaped; KV goes namespace -> host, shaped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from prfaas.core.errors import PrfaasError
+
+PREFIX = "prfaas"
+_SERIAL = itertools.count()
+
+
+class NetnsError(PrfaasError):
+    """A namespace, veth or qdisc could not be set up (the command and its stderr)."""
+
+
+def _run(*cmd: str) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    if done.returncode != 0:
+        raise NetnsError(f"`{' '.join(cmd)}` failed: {done.stderr.strip() or done.returncode}")
+
+
+def _tbf(rate_gbps: float) -> list[str]:
+    rate_kbit = max(int(rate_gbps * 1e6), 8)
+    # burst: >= one 10 ms tick at the rate and >= a few MTUs; 100 ms of queue before drops
+    burst_bytes = max(rate_kbit * 1000 // 8 // 100, 16 * 1514)
+    return ["tbf", "rate", f"{rate_kbit}kbit", "burst", str(burst_bytes), "latency", "100ms"]
+
+
+def netns_available() -> bool:
+    """Root, iproute2 and tc present (creating a namespace is the real test; see create)."""
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+
+
+@dataclass
+class NetnsLink:
+    """One shaped namespace; `create` builds it, `destroy` removes it (and the veth pair)."""
+
+    name: str
+    index: int
+    rate_gbps: float
+
+    @property
+    def host_ip(self) -> str:
+        return f"10.231.{self.index}.1"
+
+    @property
+    def ns_ip(self) -> str:
+        return f"10.231.{self.index}.2"
+
+    @classmethod
+    def create(cls, rate_gbps: float, index: int | None = None) -> NetnsLink:
+        if not netns_available():
+            raise NetnsError("link.emulation=netns needs root, `ip` and `tc` on this host")
+        # a fresh index per link in this process; 249 and up are left to tests
+        k = index if index is not None else (os.getpid() + next(_SERIAL)) % 240 + 1
+        link = cls(f"{PREFIX}-{os.getpid()}-{k}", k, rate_gbps)
+        try:
+            link._build()
+        except BaseException:
+            link.destroy()
+            raise
+        return link
+
+    def _build(self) -> None:
+        host_if, ns_if = f"pfh{self.index}", f"pfn{self.index}"
+        _run("ip", "netns", "add", self.name)
+        _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        _run("ip", "link", "set", ns_if, "netns", self.name)
+        _run("ip", "addr", "add", f"{self.host_ip}/30", "dev", host_if)
+        _run("ip", "link", "set", host_if, "up")
+        inside = ("ip", "netns", "exec", self.name)
+        _run(*inside, "ip", "addr", "add", f"{self.ns_ip}/30", "dev", ns_if)
+        _run(*inside, "ip", "link", "set", ns_if, "up")
+        _run(*inside, "ip", "link", "set", "lo", "up")
+        _run(*inside, "tc", "qdisc", "add", "dev", ns_if, "root", *_tbf(self.rate_gbps))
+
+    def set_rate(self, rate_gbps: float) -> None:
+        """Reshape the KV direction to `rate_gbps` now (a fault: the link slows down)."""
+        _run("ip", "netns", "exec", self.name, "tc", "qdisc", "change", "dev",
+             f"pfn{self.index}", "root", *_tbf(rate_gbps))
+
+    def set_up(self, up: bool) -> None:
+        """Take the namespace end of the veth down (a partition) or up again. The host end
+        stays up without carrier, so the host keeps routing the namespace's address into the
+        veth, where it is dropped silently (nothing leaves the host)."""
+        _run("ip", "netns", "exec", self.name, "ip", "link", "set", f"pfn{self.index}",
+             "up" if up else "down")
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        """`cmd` run inside the namespace."""
+        return ["ip", "netns", "exec", self.name, *cmd]
+
+    def destroy(self) -> None:
+        """Remove the namespace (its veth end goes with it, and the host end with the pair)."""
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=20,
+                       check=False)
+        subprocess.run(["ip", "link", "del", f"pfh{self.index}"], capture_output=True,
+                       timeout=20, check=False)
+
+
+def namespaces() -> list[str]:
+    """prfaas namespaces that exist now (tests check that nothing leaks)."""
+    done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20,
+                          check=False)
+    return [line.split()[0] for line in done.stdout.splitlines()
+            if line.startswith(f"{PREFIX}-")]

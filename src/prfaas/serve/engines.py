@@ -1,0 +1,116 @@
+"""Engine backends: what a topology's `engine:` value plugs in, and the registry of them.
+
+A backend is everything the three programs need to know of one kind of engine, so nothing else
+asks which kind it has:
+- the router: the model's card (models/card.py: name, context, block size, KV geometry), its
+  tokenizer, the router-side protocol it drives the workers with (router/backends/), the prior
+  prefill cost models and planner inputs (if the backend knows better than the measured
+  profile), whether a worker's /health carries a JSON body;
+- a worker: the engine it computes with (engine/base.py's interface), or, for a backend whose
+  workers are another program (vLLM), the process replaced by that program;
+- the deployment: what to prepare before the instances start, how long they may take.
+
+Backends register by module path and class name and are imported only when a topology names
+them (vLLM's KVConnectorFactory does the same), so the router of a native deployment never
+imports torch, and a new backend is one file plus one `register_engine` line.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from prfaas.core.errors import ConfigError, UnknownNameError
+from prfaas.models.card import ModelCard
+from prfaas.models.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:
+    from prfaas.engine.base import EngineBase
+    from prfaas.models.profile import PrefillTime
+    from prfaas.planner.search import PlanInputs
+    from prfaas.serve.topology import Topology
+
+DEFAULT_ENGINE = "native"
+
+
+class EngineBackend(ABC):
+    """One kind of engine, bound to a topology. Subclasses set `name` and implement `card`
+    and `worker_engine`; the rest has defaults that fit prfaas' own workers."""
+
+    name: ClassVar[str]
+    worker_protocol: ClassVar[str] = "native"  # the router's WorkerBackend (router/backends/)
+    health_has_body: ClassVar[bool] = True  # /health answers {ok, pid}; vLLM's: 200, empty
+    start_timeout_s: ClassVar[float] = 0.0  # the launcher waits at least this long per start
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+
+    @classmethod
+    def check(cls, topology: Topology) -> None:
+        """Reject a topology this backend cannot run (called when the topology is built)."""
+        return None
+
+    @abstractmethod
+    def card(self) -> ModelCard:
+        """What the router knows of the model (no torch)."""
+
+    def tokenizer(self) -> Any:
+        """The router's tokenizer (encode(text) -> ids, decode(ids) -> text, eos_id)."""
+        return ByteTokenizer()
+
+    def prefill_models(self) -> dict[str, PrefillTime]:
+        """Known prefill cost models by worker name (the router's prior); none: it learns a
+        seconds-per-token rate from the workers' reports (router/cluster.py)."""
+        return {}
+
+    def plan_inputs(self) -> PlanInputs | None:
+        """A controlled router's planner inputs; None: from the topology's measured profile
+        (router/plan.py)."""
+        return None
+
+    def worker_protocol_args(self) -> dict[str, Any]:
+        """Keyword arguments of the router's WorkerBackend besides its session."""
+        return {}
+
+    def prepare(self) -> None:
+        """Before any instance starts (the deployment): e.g. build a model on disk."""
+        return None
+
+    @abstractmethod
+    def worker_engine(self, name: str) -> EngineBase:
+        """The engine worker `name` computes with, in this process. A backend whose workers
+        are another program replaces the process with it here and does not return."""
+
+
+_REGISTRY: dict[str, tuple[str, str]] = {}
+
+
+def register_engine(name: str, module_path: str, class_name: str) -> None:
+    """Make `engine: name` load `module_path`'s `class_name` (an EngineBackend) when used."""
+    if name in _REGISTRY:
+        raise ConfigError("engine", name, "already registered")
+    _REGISTRY[name] = (module_path, class_name)
+
+
+def engine_names() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def backend_class(name: str) -> type[EngineBackend]:
+    if name not in _REGISTRY:
+        raise UnknownNameError("engine", name, list(_REGISTRY))
+    module_path, class_name = _REGISTRY[name]
+    cls = getattr(importlib.import_module(module_path), class_name)
+    assert issubclass(cls, EngineBackend) and cls.name == name, (name, cls)
+    return cls
+
+
+def engine_backend(topology: Topology) -> EngineBackend:
+    """The backend of the engine the topology's workers run."""
+    return backend_class(topology.engine)(topology)
+
+
+register_engine("native", "prfaas.serve.native", "NativeEngineBackend")
+register_engine("emulated", "prfaas.emulated.backend", "EmulatedEngineBackend")
+register_engine("vllm", "prfaas.integrations.vllm.engine_backend", "VllmEngineBackend")

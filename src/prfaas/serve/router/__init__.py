@@ -1,0 +1,1 @@
+"""The router program: OpenAI API, dispatch, membership, metrics, the workers' backends."""

@@ -1,0 +1,166 @@
+"""The live router's `ClusterView`: what the policy reads, kept by the router itself.
+
+Loads are the router's own bookkeeping of what it sent where (prefills not yet done and their
+predicted work, running decodes), which is exact for a single router and needs no polling.
+A prefill worker's queued work is what the simulator's router reads too: the predicted
+seconds until it has drained, `busy_until - now`, where each dispatch adds its predicted work
+after the current backlog (workers prefill FIFO) and each finished prefill resets it to now
+plus the work still queued behind it. A prefill's work is predicted from the worker's cost
+model when one is known (`prefill_models`: an emulated worker's hardware profile, T(l) =
+c2 l^2 + c1 l + c0, times an EWMA of measured / predicted), else from the seconds per
+computed token of the worker's last report (a prior until then), which misjudges long prompts
+under quadratic attention cost. KV transfer time comes from the model's KV geometry and the
+topology's link rate. The link status is what the threshold controller and the
+cache-aware regime switch read: capacity = the topology's `link.rate_gbps` (the token bucket's
+rate) or what link telemetry last reported (`POST /link {capacity_gbps}` on the router),
+egress = the router's LinkMonitor over the last `LINK_WINDOW_S`, fed with the bytes each
+PrfaaS prefill reports having shipped, and pending = the predicted KV bytes of PrfaaS requests
+dispatched but not yet delivered. The PrfaaS queue is each worker's in-flight requests and
+their predicted prefill seconds. Workers the membership layer holds down are left out of
+`instances`, so a policy never picks one. The clock is read here, never in the policy: `now_s` is a
+snapshot taken when the view is built.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from prfaas.core.types import InstanceLoad, LinkStatus, Role
+from prfaas.models.kv import KVGeometry
+from prfaas.models.profile import PrefillTime
+from prfaas.serve.topology import Topology, WorkerSpec
+from prfaas.transport import LinkMonitor
+
+PRIOR_SECONDS_PER_TOKEN = 2e-4  # until a worker has measured itself
+UNSHAPED_GBPS = 100.0  # what "no rate limit" on loopback is taken to mean for predictions
+LINK_WINDOW_S = 5.0  # egress averaging window: one controller period, smooths per-request bursts
+EWMA = 0.2  # weight of the newest measured / predicted ratio
+
+
+@dataclass(slots=True)
+class _Load:
+    spec: WorkerSpec
+    inflight: int = 0
+    inflight_work_s: float = 0.0  # predicted work of the prefills not yet done
+    busy_until: float = 0.0  # (monotonic) when the queued prefills are predicted to be done
+    seconds_per_token: float = PRIOR_SECONDS_PER_TOKEN
+    model: PrefillTime | None = None  # a known cost model (EngineBackend.prefill_models)
+    ratio: float = 1.0  # EWMA of measured / model seconds
+
+
+class LiveCluster:
+    """Mutable bookkeeping; `view()` gives the frozen-in-time ClusterView a policy reads."""
+
+    def __init__(self, topology: Topology, geometry: KVGeometry,
+                 models: dict[str, PrefillTime] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.topology = topology
+        self.geometry = geometry
+        self.loads = {w.name: _Load(w, model=(models or {}).get(w.name))
+                      for w in topology.workers}
+        self.monitor = LinkMonitor(window_s=LINK_WINDOW_S)
+        self.down: frozenset[str] = frozenset()  # kept by membership.py; not in the view
+        self.capacity_gbps: float | None = None  # told by POST /link (link telemetry)
+        self._clock = clock
+        self._t0 = clock()
+
+    def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
+        load = self.loads.get(instance_id)
+        if load is not None and load.model is not None:
+            return load.model.seconds(total_tokens, cached_tokens) * load.ratio
+        per_token = load.seconds_per_token if load else PRIOR_SECONDS_PER_TOKEN
+        return max(total_tokens - cached_tokens, 1) * per_token
+
+    def start(self, name: str, work_s: float = 0.0) -> None:
+        load = self.loads[name]
+        load.inflight += 1
+        load.inflight_work_s += work_s
+        load.busy_until = max(load.busy_until, self._clock()) + work_s
+
+    def finish(self, name: str, work_s: float = 0.0) -> None:
+        """One request is done with `name` (a prefill worker: its prefill is; the next one
+        queued there starts now)."""
+        load = self.loads[name]
+        load.inflight = max(load.inflight - 1, 0)
+        load.inflight_work_s = max(load.inflight_work_s - work_s, 0.0)
+        load.busy_until = self._clock() + load.inflight_work_s
+
+    def queued_work_s(self, name: str) -> float:
+        load = self.loads[name]
+        return max(load.busy_until - self._clock(), 0.0) if load.inflight else 0.0
+
+    def measured(self, name: str, prefill_s: float, total_tokens: int, cached_tokens: int
+                 ) -> None:
+        """A prefill of `total_tokens` (`cached_tokens` reused) took `prefill_s` there."""
+        load = self.loads[name]
+        computed = total_tokens - cached_tokens
+        if prefill_s <= 0 or computed <= 0:
+            return
+        if load.model is not None:
+            ratio = prefill_s / max(load.model.seconds(total_tokens, cached_tokens), 1e-9)
+            load.ratio = (1 - EWMA) * load.ratio + EWMA * ratio
+        else:
+            load.seconds_per_token = prefill_s / computed
+
+    def shipped(self, worker: WorkerSpec, kv_bytes: int) -> None:
+        if worker.role == "prfaas":
+            self.monitor.record_sent(kv_bytes)
+
+    def kv_expected_bytes(self, worker: WorkerSpec, shipped_tokens: int) -> int:
+        """Predicted KV bytes a PrfaaS prefill will put on the link (0 for local prefill)."""
+        if worker.role != "prfaas":
+            return 0
+        return int(self.geometry.size_bytes(max(shipped_tokens, 1)))
+
+    def link_capacity_gbps(self) -> float:
+        """The inter-DC capacity: what link telemetry last reported (POST /link on the
+        router), else the topology's rate."""
+        return self.capacity_gbps or self.topology.link.rate_gbps or UNSHAPED_GBPS
+
+    def link_egress_gbps(self) -> float:
+        return self.monitor.egress_bytes_per_s() * 8 / 1e9
+
+    def view(self) -> LiveView:
+        return LiveView(self, self._clock() - self._t0)
+
+
+class LiveView:
+    """A `ClusterView` over the router's bookkeeping at one instant."""
+
+    def __init__(self, cluster: LiveCluster, now_s: float) -> None:
+        self._c = cluster
+        self._now_s = now_s
+
+    @property
+    def now_s(self) -> float:
+        return self._now_s
+
+    def instances(self, cluster: str | None = None, role: Role | None = None
+                  ) -> Sequence[InstanceLoad]:
+        out = []
+        for load in self._c.loads.values():
+            w = load.spec
+            if w.name in self._c.down:
+                continue
+            w_role: Role = "prefill" if w.is_prefill else "decode"
+            if (cluster is not None and w.cluster != cluster) or (role and w_role != role):
+                continue
+            free = max(w.max_batch - load.inflight, 0) if w_role == "decode" else 0
+            out.append(InstanceLoad(w.name, w.cluster, w_role, queued_requests=load.inflight,
+                                    queued_work_s=self._c.queued_work_s(w.name),
+                                    running=load.inflight, free_slots=free))
+        return out
+
+    def link(self) -> LinkStatus:
+        rate = self._c.link_capacity_gbps()
+        return LinkStatus(capacity_gbps=rate, egress_gbps=self._c.link_egress_gbps(),
+                          pending_bytes=float(self._c.monitor.pending_bytes))
+
+    def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
+        return self._c.prefill_time_s(instance_id, total_tokens, cached_tokens)
+
+    def kv_transfer_s(self, tokens: int) -> float:
+        rate = self._c.link_capacity_gbps()
+        return self._c.geometry.size_bytes(tokens) * 8 / (rate * 1e9)

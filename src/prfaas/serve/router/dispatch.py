@@ -1,0 +1,278 @@
+"""One request's path through the workers, as the router drives it.
+
+`Dispatcher.route` hashes the prompt's blocks, asks the GlobalKVCacheManager which instance
+holds how much, and calls the policy (the same object the simulator calls) with a LiveView.
+`Dispatcher.tokens` then runs attempts through a `WorkerBackend` (backends/: one attempt
+on one (prefill, decode) pair, in the workers' protocol) and keeps the router's bookkeeping
+(loads, link pending bytes, cache deltas) around each. A failed attempt (prefill 502, transfer
+error, a timeout, a worker going down: failover.guarded) is retried on the local PD path when
+no token was sent yet, or resumed when some were: prompt + emitted tokens is re-prefilled on a
+healthy path and decoding continues there for the tokens left; the client sees one unbroken
+stream (`retried` / `resumed` in the `prfaas` object). At most `max_retries` failures per
+request; a path that is down is waited for up to `health.path_wait_s`. Every wait is bounded;
+the KV one by a deadline from the predicted transfer time (`kv_deadline`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from prfaas.cache import GlobalKVCacheManager, chain_hashes
+from prfaas.core.types import RequestInfo, Route, RouteDecision, RouteQuery
+from prfaas.models.tokenizer import ByteTokenizer
+from prfaas.policy.base import Router, decide
+from prfaas.serve.router.backends import (
+    Attempt,
+    AttemptFailed,
+    AttemptReport,
+    TokenEvent,
+    WorkerBackend,
+    make_backend,
+)
+from prfaas.serve.router.cluster import UNSHAPED_GBPS, LiveCluster, LiveView
+from prfaas.serve.router.failover import guarded, next_path, resume_query
+from prfaas.serve.router.membership import Membership
+from prfaas.serve.router.openai_api import ApiError, GenRequest
+from prfaas.serve.topology import Topology, WorkerSpec
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the `prfaas` object of a response reports, filled as the request runs."""
+
+    route: str = ""
+    first_route: str = ""  # the policy's choice, before any retry moved the request
+    prefill_node: str = ""
+    decode_node: str = ""
+    threshold_tokens: int | None = None
+    cached_tokens: int = 0  # prompt tokens the prefill node did not recompute
+    decode_cached_tokens: int = 0  # prompt tokens the decode node already held (not shipped)
+    kv_bytes: int = 0
+    prefill_s: float = 0.0
+    prefill_queue_s: float = 0.0  # waiting at the prefill worker before compute
+    transfer_tail_s: float = 0.0  # prefill end -> last KV frame acknowledged
+    finish_reason: str = ""
+    retried: bool = False
+    retry_reason: str = ""
+    resumed: int = 0  # times the request continued on another path after tokens were sent
+    resume_reason: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    router_s: float = 0.0  # router CPU time, waits on workers excluded
+    transfers: int = 0  # prefills that shipped KV for this request (one per attempt; n > 1: 1)
+    prompt_logprobs: list[Any] | None = None  # echo + logprobs: the prefill's, for the prompt
+
+    def to_json(self) -> dict[str, Any]:
+        return {"route": self.route, "first_route": self.first_route,
+                "prefill_node": self.prefill_node,
+                "decode_node": self.decode_node, "cached_tokens": self.cached_tokens,
+                "decode_cached_tokens": self.decode_cached_tokens, "kv_bytes": self.kv_bytes,
+                "threshold_tokens": self.threshold_tokens, "prefill_s": self.prefill_s,
+                "prefill_queue_s": self.prefill_queue_s, "transfer_tail_s": self.transfer_tail_s,
+                "retried": self.retried, "retry_reason": self.retry_reason,
+                "resumed": self.resumed, "resume_reason": self.resume_reason,
+                "token_ids": self.token_ids, "router_overhead_s": self.router_s}
+
+
+class Dispatcher:
+    def __init__(self, topology: Topology, cluster: LiveCluster, manager: GlobalKVCacheManager,
+                 policy: Router, session: aiohttp.ClientSession, block_size_tokens: int,
+                 backend: WorkerBackend | None = None, membership: Membership | None = None
+                 ) -> None:
+        self.topology, self.cluster, self.manager = topology, cluster, manager
+        self.policy, self.session = policy, session
+        self.backend = backend or make_backend("native", session=session)
+        self.membership = membership
+        self.queued: Counter[str] = Counter()  # attempts waiting for their first token, by prefill
+        self.eos_id = ByteTokenizer().eos_id
+        self.block_size_tokens = block_size_tokens
+        self._ids = itertools.count(1)
+
+    def route(self, req: GenRequest, request_id: str) -> tuple[RouteQuery, RouteDecision]:
+        hashes = chain_hashes(req.token_ids, self.block_size_tokens)
+        match = self.manager.match(hashes)
+        cached = {i: match.cached_tokens(i) for i in self.manager.instances
+                  if match.cached_tokens(i) > 0}
+        view = self.cluster.view()
+        info = RequestInfo(request_id, len(req.token_ids), req.max_tokens, view.now_s,
+                           tuple(hashes))
+        query = RouteQuery(info, cached)
+        decision = self.policy.route(query, view)
+        if decision.rejected and decision.unavailable:  # no path up: not the client's fault
+            raise ApiError(503, f"no path can serve: {decision.reason}", kind="server_error",
+                           code="unavailable", retry_after_s=self.topology.health.retry_after_s)
+        if decision.rejected:
+            raise ApiError(429, f"rejected by policy {self.policy.name}: {decision.reason}",
+                           kind="rate_limit_error", code="rejected")
+        if decision.decode_instance is None:
+            raise ApiError(503, "no decode instance available", kind="server_error",
+                           code="unavailable", retry_after_s=self.topology.health.retry_after_s)
+        return query, self._admit(query, view, decision)
+
+    def _admit(self, query: RouteQuery, view: LiveView, decision: RouteDecision
+               ) -> RouteDecision:
+        """The decision, or the other route's when the chosen prefill worker's queue is full
+        (the local cluster keeps serving while PrfaaS is backed up, and the reverse); 429
+        with Retry-After when both are full."""
+        limit = self.topology.admission.max_queued_per_prefill
+        if self.queued[decision.prefill_instance] < limit:
+            return decision
+        other = Route.PD if decision.route is Route.PRFAAS else Route.PRFAAS
+        spill = decide(query, view, other, decision.threshold_tokens, fallback=False)
+        if (not spill.rejected and spill.decode_instance is not None
+                and self.queued[spill.prefill_instance] < limit):
+            return spill
+        raise ApiError(429, f"prefill queue of {decision.prefill_instance} is full "
+                            f"({limit} waiting) and no other route has room",
+                       kind="rate_limit_error", code="queue_full",
+                       retry_after_s=self.topology.admission.retry_after_s)
+
+    async def tokens(self, req: GenRequest, query: RouteQuery, decision: RouteDecision,
+                     out: Outcome) -> AsyncGenerator[TokenEvent, None]:
+        """The request's tokens, across attempts: a failed one is retried on the local path
+        (no token sent yet) or resumed from the tokens already sent (see failover.py)."""
+        failures = 0
+        while True:
+            self._describe(decision, out)
+            try:
+                async for event in self._attempt(req, decision, out):
+                    yield event
+                return
+            except AttemptFailed as exc:
+                failures += 1
+                if exc.worker and self.membership is not None:
+                    self.membership.suspect(exc.worker, str(exc))
+                where = f"{out.prefill_node} -> {out.decode_node}"
+                if failures > self.topology.max_retries:
+                    raise ApiError(502, f"request failed on {where}: {exc}",
+                                   kind="server_error", code="transfer_failed") from exc
+                if out.token_ids and req.best_of > 1:  # n sequences' tokens: no one prefix
+                    raise ApiError(502, f"request failed on {where} after tokens of its "
+                                        f"{req.best_of} sequences were sent: {exc}",
+                                   kind="server_error", code="transfer_failed") from exc
+                if out.token_ids:
+                    out.resumed += 1
+                    out.resume_reason = f"{where}: {exc}"
+                else:
+                    out.retried, out.retry_reason = True, str(exc)
+                if self._finished(req, out):
+                    return
+                decision = await self._next_path(query, out, decision, exc)
+
+    async def _next_path(self, query: RouteQuery, out: Outcome, failed: RouteDecision,
+                         exc: AttemptFailed) -> RouteDecision:
+        health = self.topology.health
+        decision = await next_path(resume_query(query, len(out.token_ids)), self.cluster.view,
+                                   failed.threshold_tokens, health.path_wait_s,
+                                   health.interval_s)
+        if decision.rejected or decision.decode_instance is None:
+            raise ApiError(502, f"{exc}; no local path to retry on: {decision.reason}",
+                           kind="server_error", code="transfer_failed") from exc
+        return decision
+
+    def _finished(self, req: GenRequest, out: Outcome) -> bool:
+        """The failed attempt had already sent every token (only `done` was missing)."""
+        if len(out.token_ids) >= req.max_tokens:
+            out.finish_reason = "length"
+            return True
+        if out.token_ids and out.token_ids[-1] == self.eos_id and not req.ignore_eos:
+            out.finish_reason = "stop"
+            return True
+        return False
+
+    def _describe(self, decision: RouteDecision, out: Outcome) -> None:
+        out.route = decision.route.value
+        out.first_route = out.first_route or out.route
+        out.prefill_node = decision.prefill_instance
+        out.decode_node = decision.decode_instance or ""
+        out.threshold_tokens = decision.threshold_tokens
+
+    async def _attempt(self, req: GenRequest, decision: RouteDecision, out: Outcome
+                       ) -> AsyncIterator[TokenEvent]:
+        pre = self.topology.worker(decision.prefill_instance)
+        dec = self.topology.worker(decision.decode_instance or "")
+        work_s = self.cluster.prefill_time_s(pre.name, len(req.token_ids), decision.cached_tokens)
+        pending_bytes = self.cluster.kv_expected_bytes(pre, decision.uncached_tokens)
+        t = self.topology.timeouts
+        # a resumed request: what was generated is prompt now, and counts against max_tokens
+        prompt = req.token_ids + out.token_ids
+        sampling = req.sampling()
+        if out.token_ids:  # the decoder counts them as output (penalties, seed steps, stops)
+            sampling["output_offset"] = len(out.token_ids)
+        attempt = Attempt(next(self._ids), prompt, req.max_tokens - len(out.token_ids),
+                          sampling, pre, dec, self.topology.kv_dest(pre, dec),
+                          first_token_s=t.prefill_s + t.kv_s, prefill_s=t.prefill_s,
+                          kv_deadline_s=self._kv_deadline_s(pre, decision.uncached_tokens),
+                          token_s=t.token_s, connect_s=t.connect_s)
+        report = AttemptReport()
+        self.cluster.start(pre.name, work_s)
+        self.cluster.start(dec.name)
+        self.cluster.monitor.add_pending(pending_bytes)
+        self.queued[pre.name] += 1
+        first = True
+        try:
+            async for event in guarded(self.backend.run(attempt, report),
+                                       lambda: self._watch(pre, dec, report)):
+                if first:  # the prefill is done: the worker's queue moves on (cluster.py)
+                    self.queued[pre.name] -= 1
+                    self.cluster.finish(pre.name, work_s)
+                    first = False
+                out.token_ids.append(event.token_id)
+                yield event
+            out.finish_reason = report.finish_reason
+        finally:
+            if first:
+                self.queued[pre.name] -= 1
+                self.cluster.finish(pre.name, work_s)
+            self._apply_report(pre, report, out)
+            self.cluster.finish(dec.name)
+            self.cluster.monitor.remove_pending(pending_bytes)
+
+    def _watch(self, pre: WorkerSpec, dec: WorkerSpec, report: AttemptReport
+               ) -> list[tuple[str, asyncio.Event]]:
+        """The workers whose loss ends the attempt now: the prefill one until it answered."""
+        if self.membership is None:
+            return []
+        names = [dec.name] if report.prefill_done else [pre.name, dec.name]
+        return [(n, self.membership.down_event(n)) for n in names]
+
+    def _kv_deadline_s(self, pre: WorkerSpec, shipped_tokens: int) -> float:
+        """How long the KV may take after the prefill computed: the predicted transfer time
+        on this worker's link, times a margin, with a floor (resilience.DeadlineSpec)."""
+        rate = self.topology.link_of(pre).rate_gbps or UNSHAPED_GBPS
+        predicted_s = self.cluster.geometry.size_bytes(max(shipped_tokens, 1)) * 8 / (rate * 1e9)
+        return min(self.topology.kv_deadline.deadline_s(predicted_s), self.topology.timeouts.kv_s)
+
+    def _apply_report(self, pre: WorkerSpec, report: AttemptReport, out: Outcome) -> None:
+        out.decode_cached_tokens = report.decode_cached_tokens
+        for pool, delta in report.cache_deltas:
+            self._apply_cache(pool, delta)
+        if not report.prefill_done:
+            return
+        out.cached_tokens, out.kv_bytes = report.cached_tokens, report.kv_bytes
+        out.prefill_s, out.prefill_queue_s = report.prefill_s, report.prefill_queue_s
+        out.transfer_tail_s = report.transfer_tail_s
+        out.transfers += 1
+        if out.prompt_logprobs is None:
+            out.prompt_logprobs = report.prompt_logprobs
+        if report.computed_tokens > 0:
+            self.cluster.measured(pre.name, report.prefill_s,
+                                  report.cached_tokens + report.computed_tokens,
+                                  report.cached_tokens)
+        self.cluster.shipped(pre, report.kv_bytes)
+
+    def _apply_cache(self, pool: str, delta: object) -> None:
+        if not isinstance(delta, Mapping):
+            return
+        inserted = [int(h) for h in delta.get("inserted", [])]
+        evicted = [int(h) for h in delta.get("evicted", [])]
+        if evicted:
+            self.manager.on_evict(pool, evicted, evicted)
+        if inserted:
+            self.manager.on_insert(pool, inserted, inserted)

@@ -1,0 +1,68 @@
+"""The router's Prometheus metrics, rendered in the text exposition format (no client library).
+
+Histograms: TTFT, TPOT, end-to-end latency and the router's own time per request. Counters:
+requests by route and outcome, KV bytes by link, retries, resumes, HTTP errors by status,
+worker restarts. Gauges: worker up (per worker), degraded, active requests; Gauges: the
+policy's current threshold, in-flight requests per worker (queue depths), the inter-DC link's
+measured egress and pending KV bytes (what the threshold controller reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prfaas.serve.prom import Counter, Histogram
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+FAST_BUCKETS_S = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.ttft = Histogram("prfaas_ttft_seconds", "Time to first token.", LATENCY_BUCKETS_S)
+        self.tpot = Histogram("prfaas_tpot_seconds", "Time per output token after the first.",
+                              LATENCY_BUCKETS_S)
+        self.e2e = Histogram("prfaas_request_seconds", "End-to-end request latency.",
+                             LATENCY_BUCKETS_S)
+        self.router_time = Histogram("prfaas_router_overhead_seconds",
+                                     "Router CPU time per request (parse, tokenize, hash, "
+                                     "route, format), excluding waits on workers.",
+                                     FAST_BUCKETS_S)
+        self.requests = Counter("prfaas_requests_total", "Requests by route and outcome.")
+        self.kv_bytes = Counter("prfaas_kv_bytes_total", "KV bytes shipped, by link.")
+        self.kv_transfers = Counter("prfaas_kv_transfers_total",
+                                    "Prompt KV transfers (one per prefill that shipped; an "
+                                    "n > 1 request is one), by link.")
+        self.cached_tokens = Counter("prfaas_cached_tokens_total",
+                                     "Prompt tokens served from a prefill node's prefix cache.")
+        self.retries = Counter("prfaas_retries_total", "Requests retried on the local path.")
+        self.errors = Counter("prfaas_http_errors_total", "Error replies by HTTP status.")
+        self.threshold = Counter("prfaas_threshold_tokens", "Length threshold t in force.",
+                                 "gauge")
+        self.inflight = Counter("prfaas_inflight_requests",
+                                "Requests in flight per worker (queue depth).", "gauge")
+        self.link_egress = Counter("prfaas_link_egress_gbps",
+                                   "Measured PrfaaS -> PD KV egress (sliding window).", "gauge")
+        self.link_pending = Counter("prfaas_link_pending_bytes",
+                                    "Predicted KV bytes of PrfaaS requests not yet delivered.",
+                                    "gauge")
+        self.resumes = Counter("prfaas_resumes_total", "Requests resumed on another path after "
+                               "tokens were sent (re-prefill of prompt + emitted tokens).")
+        self.worker_up = Counter("prfaas_worker_up", "1 while the router holds the worker up.",
+                                 "gauge")
+        self.restarts = Counter("prfaas_worker_restarts_total",
+                                "Worker restarts the router saw (a new pid in /health).")
+        self.degraded = Counter("prfaas_degraded", "1 while any worker is down.", "gauge")
+        self.active = Counter("prfaas_active_requests", "Requests accepted and not finished.",
+                              "gauge")
+
+    def render(self, refresh: Callable[[], None] | None = None) -> str:
+        if refresh is not None:
+            refresh()
+        parts: list[Histogram | Counter] = [
+            self.ttft, self.tpot, self.e2e, self.router_time, self.requests, self.kv_bytes,
+            self.kv_transfers,
+            self.cached_tokens, self.retries, self.errors, self.threshold, self.inflight,
+            self.link_egress, self.link_pending, self.resumes, self.worker_up, self.restarts,
+            self.degraded, self.active]
+        return "\n".join(line for p in parts for line in p.render()) + "\n"

@@ -1,0 +1,1 @@
+"""The worker programs: prefill and decode workers, the decode batcher, KV shipping."""
