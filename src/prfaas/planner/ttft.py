@@ -26,7 +26,8 @@ def ttft_stats(inputs: PlanInputs, threshold: int | None, local_only: bool = Fal
     lengths = inputs.lengths
     support = lengths.support
     kv = inputs.kv.size_bytes(support)
-    remote = inputs.prfaas_prefill.time_s(support) + kv / (inputs.link_gbps * GBPS)
+    with np.errstate(divide="ignore"):  # a 0 Gbps link: +inf, and then no request is remote
+        remote = inputs.prfaas_prefill.time_s(support) + kv / (inputs.link_gbps * GBPS)
     if inputs.link_rtt_s > 0:
         remote = remote + inputs.link_rtt_s
     local = inputs.pd_prefill.time_s(support) + kv / (inputs.intra_gbps * GBPS)
