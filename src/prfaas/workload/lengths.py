@@ -152,6 +152,9 @@ def truncated_lognormal(mu: float, sigma: float, min_tokens: int, max_tokens: in
     if not 0 < min_tokens <= max_tokens:
         raise ConfigError("workload.input.min_tokens", min_tokens,
                           f"must be positive and <= max_tokens ({max_tokens})")
+    name = f"lognormal(mu={mu}, sigma={sigma}) on [{min_tokens}, {max_tokens}]"
+    if min_tokens == max_tokens:  # truncated to one length: all the mass is there
+        return LengthDistribution(min_tokens, np.ones(1), name)
     lengths = np.arange(min_tokens, max_tokens + 1, dtype=float)
     edges = np.concatenate([[min_tokens], lengths[:-1] + 0.5, [max_tokens]])
     edges = np.clip(edges, min_tokens, max_tokens)
@@ -161,7 +164,6 @@ def truncated_lognormal(mu: float, sigma: float, min_tokens: int, max_tokens: in
     pmf = np.where(zb <= 0, below[1:] - below[:-1],
                    np.where(za >= 0, above[:-1] - above[1:],
                             (0.5 - below[:-1]) + (0.5 - above[1:])))
-    name = f"lognormal(mu={mu}, sigma={sigma}) on [{min_tokens}, {max_tokens}]"
     if not pmf.sum() > 0:
         raise ConfigError("workload.input", name, "no probability mass on [min_tokens, "
                           "max_tokens] in double precision")
