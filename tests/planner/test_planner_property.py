@@ -82,7 +82,7 @@ def inputs_st(draw: st.DrawFn) -> tuple[PlanInputs, str]:
         prfaas_prefill=prfaas, pd_prefill=pd,
         decode=DecodeTime(draw(st.integers(1, 256)), draw(st.floats(0.002, 0.2))),
         n_prfaas=draw(st.integers(0, 8)), n_pd=draw(st.integers(1, 16)),
-        link_gbps=draw(st.one_of(st.just(0.0), st.floats(0.01, 1000.0))),
+        link_gbps=0.0 if draw(st.integers(0, 9)) == 0 else draw(st.floats(0.01, 1000.0)),
         intra_gbps=draw(st.floats(10.0, 3200.0)), t_step_tokens=step,
         link_rtt_s=draw(st.floats(0.0, 0.1)))
     return inputs, draw(st.sampled_from(["paper", "exact"]))
