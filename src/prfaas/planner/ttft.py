@@ -35,7 +35,13 @@ def ttft_stats(inputs: PlanInputs, threshold: int | None, local_only: bool = Fal
         ttft = local
     else:
         t = -1 if threshold is None else threshold
-        ttft = np.where(support > t, remote, local)
+        side = lengths.split([t])  # a side below PROB_TOL holds no request (lengths.py)
+        if side.p_above[0] == 0:
+            ttft = local
+        elif side.p_below[0] == 0:
+            ttft = remote
+        else:
+            ttft = np.where(support > t, remote, local)
     mean = float(np.dot(lengths.pmf, ttft))
     order = np.argsort(ttft, kind="stable")
     cdf = np.cumsum(lengths.pmf[order])
