@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean venv vllm vllm-nixl demo-vllm bench-vllm
+.PHONY: demo test lint typecheck unit unit-nosimd bench clean venv vllm vllm-nixl demo-vllm bench-vllm
 VLLM_STAMP := $(VENV)/.vllm-installed
 
 $(STAMP): pyproject.toml
@@ -52,8 +52,20 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The numeric suites again with numpy's wide SIMD dispatch off, so a result that holds only on
+# one CPU's last bits fails on every machine: numpy picks exp/log/... kernels at run time
+# (AVX-512F on this project's CI machines, AVX2 elsewhere) and they differ in the last ulps.
+# NPY_DISABLE_CPU_FEATURES (numpy >= 1.25) turns those dispatch targets off; features this CPU
+# lacks are ignored, the SSE baseline cannot be disabled. The check after it fails the target
+# if numpy ignored the variable (it would otherwise rerun the same dispatch silently).
+NOSIMD_FEATURES := AVX2 FMA3 AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR
+NUMERIC_SUITES := tests/workload tests/planner tests/sim tests/cache tests/models tests/policy
+unit-nosimd: $(STAMP)
+	NPY_DISABLE_CPU_FEATURES="$(NOSIMD_FEATURES)" $(BIN)/python -c "from numpy._core._multiarray_umath import __cpu_features__ as f; on = [k for k in '$(NOSIMD_FEATURES)'.split() if f.get(k)]; assert not on, f'numpy ignored NPY_DISABLE_CPU_FEATURES: {on} still on'"
+	NPY_DISABLE_CPU_FEATURES="$(NOSIMD_FEATURES)" $(BIN)/python -m pytest $(NUMERIC_SUITES)
+
 # `vllm` first: with the extra installed the live vLLM tests run (tests/integrations/vllm/)
-test: vllm lint typecheck unit
+test: vllm lint typecheck unit unit-nosimd
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

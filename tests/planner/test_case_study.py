@@ -72,8 +72,28 @@ def test_zero_bandwidth_rejected_naming_field(scenario) -> None:
     with pytest.raises(ConfigError, match=r"link\.gbps"):
         parse_scenario(raw)
     base = inputs_from_scenario(scenario)
-    with pytest.raises(InfeasibleError, match=r"link\.gbps"):
-        search_prfaas_pd(PlanInputs(**{**base.__dict__, "link_gbps": 0.0}), "paper")
+    with pytest.raises(ConfigError, match=r"link\.gbps=-1"):
+        search_prfaas_pd(PlanInputs(**{**base.__dict__, "link_gbps": -1.0}), "paper")
+
+
+def test_a_dead_link_keeps_everything_local_and_infeasible_names_the_binding_stage(scenario
+                                                                                    ) -> None:
+    """A 0 Gbps link (a live controller's measured outage) is not infeasible: every request
+    stays in the PD cluster. Only when no stage can prefill at all is there no plan, and the
+    error says which stages are zero."""
+    base = inputs_from_scenario(scenario)
+    dead = search_prfaas_pd(PlanInputs(**{**base.__dict__, "link_gbps": 0.0}), "paper")
+    assert dead.offload_fraction == 0.0 and dead.egress_gbps == 0.0 and dead.lambda_max > 0
+    assert dead.threshold_tokens == base.lengths.hi and dead.l_long_tokens is None
+    alone = PlanInputs(**{**base.__dict__, "link_gbps": 0.0, "n_pd": 1})
+    with pytest.raises(InfeasibleError, match=r"binding constraint: PD-P .*instances=1.*"
+                                              r"PrfaaS side .*link\.gbps=0\.0"):
+        search_prfaas_pd(alone, "paper")
+    with pytest.raises(InfeasibleError, match=r"clusters\.pd\.instances=0.*pd_d"):
+        search_prfaas_pd(PlanInputs(**{**base.__dict__, "n_pd": 0}), "paper")
+    # one PD instance and a live link: all prefill on PrfaaS, as the naive system does
+    only_prfaas = search_prfaas_pd(PlanInputs(**{**base.__dict__, "n_pd": 1}), "paper")
+    assert (only_prfaas.n_p, only_prfaas.offload_fraction) == (0, 1.0)
 
 
 def test_equal_cost_comparison_uses_scenario_costs(scenario) -> None:

@@ -4,8 +4,8 @@
 most of a `prfaas plan` run: every scenario with measured prefill points fits its profile with
 `scipy.optimize.nnls`. That function is a thin wrapper over the compiled Lawson-Hanson solver
 `scipy.optimize._slsqplib.nnls`; `nnls` here loads that one extension module directly (~2 ms)
-and calls it the same way, so the coefficients are the same doubles
-(tests/models/test_nnls.py checks them bit for bit against the public function). If a scipy
+and calls it the same way (tests/models/test_nnls.py checks the optimality conditions and the
+agreement with the public function within least-squares perturbation bounds). If a scipy
 release moves the module, `nnls` falls back to `scipy.optimize.nnls`: slower, never different.
 """
 

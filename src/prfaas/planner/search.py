@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from prfaas.core.errors import InfeasibleError
+from prfaas.core.errors import ConfigError, InfeasibleError
 from prfaas.models.profile import DecodeTime, KVSize, PrefillTime
 from prfaas.planner.throughput import bounds, decode_rate, mean_service_s, stage_curves
 from prfaas.planner.ttft import ttft_stats
@@ -77,12 +77,19 @@ class PlanResult:
 
 
 def _check(inputs: PlanInputs) -> None:
-    if inputs.n_prfaas < 1:
-        raise InfeasibleError(f"clusters.prfaas.instances={inputs.n_prfaas}: need at least 1")
-    if inputs.n_pd < 2:
-        raise InfeasibleError(f"clusters.pd.instances={inputs.n_pd}: need at least 2")
-    if inputs.link_gbps <= 0:
-        raise InfeasibleError(f"link.gbps={inputs.link_gbps}: the link carries nothing")
+    """Reject inputs no plan can be made of; whether a plan exists is the model's to say."""
+    if inputs.n_pd < 1:
+        raise InfeasibleError(f"clusters.pd.instances={inputs.n_pd}: no decode instance "
+                              "(binding constraint: pd_d)")
+    if inputs.n_prfaas < 0:
+        raise ConfigError("clusters.prfaas.instances", inputs.n_prfaas, "must be >= 0")
+    if not inputs.link_gbps >= 0 or not np.isfinite(inputs.link_gbps):
+        raise ConfigError("link.gbps", inputs.link_gbps, "must be a finite number >= 0")
+    if inputs.output_tokens < 1:
+        raise ConfigError("workload.output_tokens", inputs.output_tokens, "must be >= 1")
+    step_s = inputs.decode.step_at(inputs.decode.bs_max)
+    if not 0 < step_s < np.inf:
+        raise ConfigError("decode.step_s", step_s, "the step at bs_max must be positive")
 
 
 def threshold_grid(lengths: LengthDistribution, step_tokens: int) -> np.ndarray:
@@ -95,7 +102,10 @@ def threshold_grid(lengths: LengthDistribution, step_tokens: int) -> np.ndarray:
 
 
 def search_prfaas_pd(inputs: PlanInputs, mode: str) -> SystemPlan:
-    """Best (t, N_p) for PrfaaS-PD; ties broken by Eq. 7 balance, then less egress."""
+    """Best (t, N_p) for PrfaaS-PD; ties broken by Eq. 7 balance, then less egress.
+
+    Every term is finite or +inf (`bounds` excludes empty sides), so no NaN reaches the
+    comparisons below; an InfeasibleError names the stage that is zero at every candidate."""
     _check(inputs)
     ts = threshold_grid(inputs.lengths, inputs.t_step_tokens)
     curves = stage_curves(inputs.lengths, ts, inputs.prfaas_prefill, inputs.pd_prefill,
@@ -103,22 +113,48 @@ def search_prfaas_pd(inputs: PlanInputs, mode: str) -> SystemPlan:
     link_bps = inputs.link_gbps * GBPS
     best: tuple[float, float, float] | None = None
     choice: tuple[int, int] = (0, 1)
+    zero: set[str] = set()
     for n_p in range(0, inputs.n_pd):
-        n_d = inputs.n_pd - n_p
-        theta_d = float(decode_rate(n_d, inputs.decode.bs_max, inputs.decode.step_at(
-            inputs.decode.bs_max), inputs.output_tokens))
+        theta_d = _decode_rate(inputs, inputs.n_pd - n_p)
         _, _, prf_term, pdp_term = bounds(curves, inputs.n_prfaas, n_p, link_bps)
         lam = np.minimum(np.minimum(prf_term, pdp_term), theta_d)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            imbalance = np.abs(np.log(prf_term / pdp_term))
-        imbalance = np.nan_to_num(imbalance, nan=np.inf, posinf=1e9)
-        for i in np.flatnonzero(lam >= lam.max() * (1 - 1e-9)):
+        assert not np.isnan(lam).any(), f"NaN throughput at N_p={n_p}: bounds() let one through"
+        zero |= {name for name, term in (("prfaas", prf_term), ("pd_p", pdp_term))
+                 if (term <= 0).any()}
+        top = float(lam.max())
+        if not top > 0:
+            continue
+        imbalance = _imbalance(prf_term, pdp_term)
+        for i in np.flatnonzero(lam >= top * (1 - 1e-9)):
             key = (float(lam[i]), -float(imbalance[i]), -float(curves.p_long[i]))
             if best is None or key > best:
                 best, choice = key, (int(i), n_p)
-    if best is None or best[0] <= 0:
-        raise InfeasibleError("no threshold and split gives a positive throughput")
+    if best is None:
+        raise InfeasibleError(_infeasible_reason(inputs, zero))
     return _prfaas_plan(inputs, curves, choice, mode)
+
+
+def _decode_rate(inputs: PlanInputs, n_d: int) -> float:
+    return float(decode_rate(n_d, inputs.decode.bs_max, inputs.decode.step_at(
+        inputs.decode.bs_max), inputs.output_tokens))
+
+
+def _imbalance(prf_term: np.ndarray, pdp_term: np.ndarray) -> np.ndarray:
+    """|log(prfaas term / pd-p term)| (Eq. 7); 1e9 where a term is 0 or +inf."""
+    both = (prf_term > 0) & (pdp_term > 0) & np.isfinite(prf_term) & np.isfinite(pdp_term)
+    out = np.full_like(prf_term, 1e9)
+    out[both] = np.abs(np.log(prf_term[both] / pdp_term[both]))
+    return out
+
+
+def _infeasible_reason(inputs: PlanInputs, zero: set[str]) -> str:
+    """Name the stages whose capacity is 0 wherever requests reach them."""
+    why = {"prfaas": f"PrfaaS side Θprfaas = 0 (clusters.prfaas.instances={inputs.n_prfaas}, "
+                     f"link.gbps={inputs.link_gbps})",
+           "pd_p": f"PD-P side Θpd-p = 0 (N_p = 0: clusters.pd.instances={inputs.n_pd} "
+                   "keeps every instance for decode)"}
+    named = "; ".join(why[k] for k in sorted(zero)) or "no stage is zero (a bug)"
+    return f"no threshold and split gives a positive throughput; binding constraint: {named}"
 
 
 def _prfaas_plan(inputs: PlanInputs, curves: Any, choice: tuple[int, int], mode: str
@@ -127,20 +163,20 @@ def _prfaas_plan(inputs: PlanInputs, curves: Any, choice: tuple[int, int], mode:
     n_d = inputs.n_pd - n_p
     link_bps = inputs.link_gbps * GBPS
     theta_prf, theta_pdp, prf_term, pdp_term = bounds(curves, inputs.n_prfaas, n_p, link_bps)
-    theta_d = float(decode_rate(n_d, inputs.decode.bs_max, inputs.decode.step_at(
-        inputs.decode.bs_max), inputs.output_tokens))
+    theta_d = _decode_rate(inputs, n_d)
     terms = {"prfaas": float(prf_term[i]), "pd_p": float(pdp_term[i]), "pd_d": theta_d}
     lam = min(terms.values())
-    p = float(curves.p_long[i])
+    p, p_short = float(curves.p_long[i]), float(curves.p_short[i])
     t = int(curves.thresholds[i])
-    compute_bound = inputs.n_prfaas / float(curves.long_service_s[i]) if p > 0 else np.inf
+    service_s = float(curves.long_service_s[i])
+    compute_bound = inputs.n_prfaas / service_s if p > 0 and service_s > 0 else np.inf
     ttft = ttft_stats(inputs, t)
     return SystemPlan(
         system="prfaas_pd", lambda_max=lam, n_prfaas=inputs.n_prfaas, n_p=n_p, n_d=n_d,
         theta_prfaas=float(theta_prf[i]), theta_pd_p=float(theta_pdp[i]), theta_pd_d=theta_d,
         threshold_tokens=t, offload_fraction=p,
         l_long_tokens=float(curves.l_long[i]) if p > 0 else None,
-        l_short_tokens=float(curves.l_short[i]) if p < 1 else None,
+        l_short_tokens=float(curves.l_short[i]) if p_short > 0 else None,
         egress_gbps=lam * p * float(curves.long_kv_bytes[i]) * 8 / 1e9 if p > 0 else 0.0,
         ttft_mean_s=ttft[0], ttft_p90_s=ttft[1],
         bottleneck=min(terms, key=lambda k: terms[k]),
@@ -181,6 +217,9 @@ def search_naive(inputs: PlanInputs, n_prefill: int, n_decode: int, mode: str) -
     theta_d = float(decode_rate(n_decode, inputs.decode.bs_max,
                                 inputs.decode.step_at(inputs.decode.bs_max), inputs.output_tokens))
     lam = min(theta_prf, theta_d)
+    if not lam > 0:
+        raise InfeasibleError(f"naive_heterogeneous: no positive throughput; binding constraint: "
+                              f"prfaas (link.gbps={inputs.link_gbps} carries every request's KV)")
     ttft = ttft_stats(inputs, -1)
     return SystemPlan("naive_heterogeneous", lam, n_prefill, None, n_decode, theta_prf, None,
                       theta_d, offload_fraction=1.0, egress_gbps=lam * kv_bytes * 8 / 1e9,

@@ -26,7 +26,8 @@ def ttft_stats(inputs: PlanInputs, threshold: int | None, local_only: bool = Fal
     lengths = inputs.lengths
     support = lengths.support
     kv = inputs.kv.size_bytes(support)
-    remote = inputs.prfaas_prefill.time_s(support) + kv / (inputs.link_gbps * GBPS)
+    with np.errstate(divide="ignore"):  # a 0 Gbps link: +inf, and then no request is remote
+        remote = inputs.prfaas_prefill.time_s(support) + kv / (inputs.link_gbps * GBPS)
     if inputs.link_rtt_s > 0:
         remote = remote + inputs.link_rtt_s
     local = inputs.pd_prefill.time_s(support) + kv / (inputs.intra_gbps * GBPS)
@@ -34,7 +35,13 @@ def ttft_stats(inputs: PlanInputs, threshold: int | None, local_only: bool = Fal
         ttft = local
     else:
         t = -1 if threshold is None else threshold
-        ttft = np.where(support > t, remote, local)
+        side = lengths.split([t])  # a side below PROB_TOL holds no request (lengths.py)
+        if side.p_above[0] == 0:
+            ttft = local
+        elif side.p_below[0] == 0:
+            ttft = remote
+        else:
+            ttft = np.where(support > t, remote, local)
     mean = float(np.dot(lengths.pmf, ttft))
     order = np.argsort(ttft, kind="stable")
     cdf = np.cumsum(lengths.pmf[order])
