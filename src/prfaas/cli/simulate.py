@@ -51,8 +51,9 @@ def system_options(f: Any) -> Any:
 
 def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int | None,
                 n_d: int | None, link_gbps: float | None, no_pipeline: bool,
-                prefill_order: str) -> Any:
-    """(scenario, SystemConfig, the scenario's exact plan) for the shared flags."""
+                prefill_order: str, max_queued_per_prefill: int | None = None) -> Any:
+    """(scenario, SystemConfig, the scenario's exact plan) for the shared flags (and
+    simulate's queue limit)."""
     from prfaas.planner.search import plan_all
 
     scenario = load_scenario(scenario_name)
@@ -62,6 +63,8 @@ def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int
         overrides["link"] = LinkSchedule.constant(link_gbps)
     if no_pipeline:
         overrides["pipelined"] = False
+    if max_queued_per_prefill is not None:
+        overrides["max_queued_per_prefill"] = max_queued_per_prefill
     cfg = build_system(scenario, system, threshold_tokens=threshold, n_p=n_p, n_d=n_d,
                        planned=planned, **overrides)
     return scenario, cfg, planned
@@ -91,6 +94,10 @@ def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int
               help="Take instances (prfaas, pd-p, pd-d, pd or an instance id) or the link "
               "down for DURATION s from START s of simulated time (repeatable); JSON gets "
               "TTFT and throughput before/during/after.")
+@click.option("--max-queued-per-prefill", type=int, default=None,
+              help="Requests waiting for their first token at one prefill instance before the "
+              "next spills to the other route (rejected when both are full), as the live "
+              "router's admission.max_queued_per_prefill; JSON gets spilled and queue_full.")
 @click.option("--rebalance", is_flag=True,
               help="Move PD instances between prefill and decode roles (Eq. 8) when the "
               "imbalance persists; JSON gets role_changes and final_split.")
@@ -101,11 +108,12 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             policy: str | None = None, cache_scope: str | None = None,
             cache_capacity: str | None = None, snapshot_policy: str = "every_block",
             link_schedule: str | None = None, ttft_slo: float | None = None,
-            outage_specs: tuple[str, ...] = (), rebalance: bool = False) -> None:
+            outage_specs: tuple[str, ...] = (), max_queued_per_prefill: int | None = None,
+            rebalance: bool = False) -> None:
     """Simulate SYSTEM under a synthetic or trace workload; report TTFT, TPOT, egress."""
     outages = [parse_outage(text) for text in outage_specs]
     scenario, cfg, planned = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
-                                         no_pipeline, prefill_order)
+                                         no_pipeline, prefill_order, max_queued_per_prefill)
     if rate is None and trace is None:
         rate = round(0.9 * planned.systems[system].lambda_max, 3)
     workload = build_workload(scenario.lengths, scenario.output_tokens, rate_rps=rate,
@@ -121,7 +129,8 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             cache_capacity=cache_capacity, link_schedule=link_schedule,
             snapshot_policy=snapshot_policy, ttft_slo_s=ttft_slo, threshold=threshold,
             n_p=n_p, n_d=n_d, link_gbps=link_gbps, no_pipeline=no_pipeline,
-            prefill_order=prefill_order, rebalance=roles, planned=planned, outages=outages)
+            prefill_order=prefill_order, rebalance=roles, planned=planned, outages=outages,
+            max_queued_per_prefill=max_queued_per_prefill)
     else:
         sim, summary = simulate(cfg, workload, rebalance=roles, outages=outages)
     summary["arrivals"] = arrivals if trace is None else "trace"

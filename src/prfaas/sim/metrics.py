@@ -10,6 +10,8 @@
   so this is what the link carries when it is not saturated).
 - utilization: busy time / instance-seconds in the role (a rebalanced instance counts in each
   role only while it held it).
+- spilled / queue_full (only with `max_queued_per_prefill`): requests the spill moved to the
+  other route, and those refused with both routes full (counted in `rejected` too).
 - queue_growth: mean number of requests in the system seen by arrivals in the last quarter of
   the run minus the same in the second quarter (> 0 when a queue keeps growing).
 """
@@ -101,12 +103,15 @@ def summarize(sim: Simulator) -> dict[str, Any]:
     growth = float(seen[3 * quarter:].mean() - seen[quarter:2 * quarter].mean()) \
         if quarter else 0.0
     thresholds = np.asarray(log.threshold_tokens)
+    spill = {"spilled": sim.spilled, "queue_full": sim.queue_full} \
+        if sim.cfg.max_queued_per_prefill is not None else {}
     return {
         "system": sim.cfg.system,
         "offered_rps": round((n - 1) / span, 6) if span > 0 else None,
         "throughput_rps": round(throughput, 6) if np.isfinite(throughput) else None,
         "completed": completed,
         "rejected": int(np.sum(log.rejected)),
+        **spill,
         "requests": n,
         "ttft_s": _stats(ttft, ("mean", "p50", "p90", "p99")),
         "tpot_s": _stats(tpot, ("mean", "p90")),

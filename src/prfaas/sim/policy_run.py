@@ -136,7 +136,8 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                    ttft_slo_s: float | None, threshold: int | None, n_p: int | None,
                    n_d: int | None, link_gbps: float | None, no_pipeline: bool,
                    prefill_order: str, rebalance: RebalancerConfig | None = None,
-                   planned: PlanResult | None = None, outages: Sequence[Outage] = ()
+                   planned: PlanResult | None = None, outages: Sequence[Outage] = (),
+                   max_queued_per_prefill: int | None = None
                    ) -> tuple[Simulator, dict[str, Any]]:
     """`prfaas simulate` with the policy/cache/link-schedule flags; adds `sim_wall_s`."""
     import time
@@ -144,6 +145,8 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
     overrides: dict[str, Any] = {"prefill_order": prefill_order, "n_p": n_p, "n_d": n_d}
     if no_pipeline:
         overrides["pipelined"] = False
+    if max_queued_per_prefill is not None:
+        overrides["max_queued_per_prefill"] = max_queued_per_prefill
     link = load_link_schedule(link_schedule) if link_schedule else (
         LinkSchedule.constant(link_gbps) if link_gbps is not None else None)
     if cache_scope is None and cache_capacity is not None:

@@ -16,6 +16,10 @@ first token) is at the decode instance. A request whose placement has `link_wait
 prefix move) joins its prefill queue once those bytes have crossed the shared link. Every
 transfer across the inter-cluster link arrives `cfg.rtt_s` later (models/tcp.py).
 
+With `cfg.max_queued_per_prefill`, a decision whose prefill instance already has that many
+requests waiting for their first token spills to the other route or is rejected (policy/spill.py,
+the live dispatcher's object; `spilled`, `queue_full`).
+
 Instances and the link can go down and come back mid-run (`Failover`, sim/failover.py; driven
 by scheduled outages, sim/outages.py): a prefill-done event carries its instance's version and
 a KV arrival its request's attempt number, so work a failure cancelled leaves no stale event.
@@ -24,6 +28,7 @@ a KV arrival its request's attempt number, so work a failure cancelled leaves no
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
@@ -35,6 +40,7 @@ from prfaas.core.types import (
     RouteQuery,
 )
 from prfaas.policy.base import Router, make_router
+from prfaas.policy.spill import SpillAction, SpillPolicy
 from prfaas.sim.failover import Failover
 from prfaas.sim.instances import DecodeInstance, PrefillInstance
 from prfaas.sim.link import BYTES_PER_GBPS, SharedLink
@@ -47,6 +53,7 @@ from prfaas.workload.requests import Workload
 DECODE_DONE, LINK_DONE, KV_ARRIVE, PREFILL_DONE, LINK_CHANGE, STATE_CHANGE, ARRIVAL, CALLBACK = \
     range(8)
 NO_CACHE: Mapping[str, int] = {}
+NAN = float("nan")
 
 
 class Simulator:
@@ -102,6 +109,13 @@ class Simulator:
         self.resume_steps: dict[int, int] = {}
         self.link_down = False
         self.failover = Failover(self)
+        # bounded prefill queues (policy/spill.py, the live dispatcher's object): requests
+        # routed to each prefill instance whose KV (the first token) has not reached their
+        # decoder, as the live router counts attempts waiting for their first token
+        self.spill = SpillPolicy(cfg.max_queued_per_prefill)
+        self.awaiting_first_token: Counter[str] = Counter()
+        self.spilled = 0  # requests moved to the other route by the spill
+        self.queue_full = 0  # requests refused with both routes' queues full
 
     # -- event plumbing ---------------------------------------------------------------------
     def _push(self, time_s: float, kind: int, a: int = 0, b: int = 0) -> None:
@@ -169,6 +183,87 @@ class Simulator:
         self.view.add(dec)
         return dec
 
+    def start_routing(self, instance: PrefillInstance | DecodeInstance) -> None:
+        """The router sees `instance` again (back from an outage)."""
+        self.view.add(instance)
+
+    # -- what failover drives (sim/failover.py: `FailoverHost`) ------------------------------
+    def request_query(self, req: int, cached: bool = True) -> RouteQuery:
+        """The request as it arrived; with `cached`, its cached prefixes (the cache plugins')."""
+        log = self.log
+        info = RequestInfo(str(req), log.input_tokens[req], log.output_tokens[req],
+                           log.arrival_s[req])
+        return RouteQuery(info, self._cached(req) if cached else NO_CACHE)
+
+    def awaiting_kv(self) -> list[int]:
+        """Routed requests whose KV has not reached their decoder, in arrival order."""
+        stage = self.stage
+        return [r for r in range(self._arrived) if stage[r] == 1]
+
+    def prefill_of(self, req: int) -> PrefillInstance | None:
+        return self._prefill_of[req]
+
+    def decoder_of(self, req: int) -> DecodeInstance | None:
+        return self._decoder_of[req]
+
+    def waits_on_link(self, req: int) -> bool:
+        """The request's prefill waits for a prefix move across the link."""
+        return req in self._held
+
+    def redirect_kv(self, req: int, decoder: DecodeInstance | None) -> None:
+        """KV on its way to a decoder that went down goes to `decoder` (None: none is up)."""
+        self._decoder_of[req] = decoder
+        if decoder is not None:
+            decoder.inflight += 1
+            self.view.touch_decode(decoder)
+
+    def cancel_transfers(self, reqs: Sequence[int]) -> None:
+        """Take the requests' KV flows and prefix moves off the link (then `reschedule_link`)."""
+        n = len(self.log.arrival_s)
+        self.link.cancel(self.now_s, {*reqs, *(n + r for r in reqs)})
+
+    def reschedule_link(self) -> None:
+        self._schedule_link()
+
+    def withdraw(self, req: int) -> None:
+        """Undo the request's routing before it is routed again: off its prefix move, its
+        decoder's count and the waiting count of its prefill; its pending KV arrival void."""
+        held = self._held.pop(req, None)
+        if held is not None:
+            held[0].held -= 1
+        if self.stage[req] == 1:
+            prefill, decoder = self._prefill_of[req], self._decoder_of[req]
+            if prefill is not None:
+                self.awaiting_first_token[prefill.instance_id] -= 1
+            if decoder is not None and not decoder.down:
+                decoder.inflight -= 1
+                self.view.touch_decode(decoder)
+        self.attempt[req] += 1
+        self.stage[req] = 0
+        log = self.log
+        log.prefill_start_s[req] = log.prefill_end_s[req] = log.flow_start_s[req] = NAN
+        self._flow_done[req] = False
+
+    def readmit(self, req: int, query: RouteQuery, decision: RouteDecision, resumed: bool
+                ) -> None:
+        """Route a withdrawn request again: `query` is what it is now (resumed: prompt +
+        emitted tokens to prefill, `output_tokens` decode steps left) and `decision` where."""
+        prefill = self.prefill_by_id[decision.prefill_instance]
+        decoder = self.decode_by_id[decision.decode_instance or ""]
+        if resumed:
+            self.resume_steps[req] = query.request.output_tokens
+            total = query.request.input_tokens
+            place = Placement(prefill.profile.seconds(total, decision.cached_tokens),
+                              self.cfg.kv.bytes_for(total))
+        else:
+            place = self._placement(req, decision, prefill, query.cached_tokens)
+        self._admit(req, prefill, decoder, place)
+
+    def drop(self, req: int) -> None:
+        """The request is lost: no path could serve it when it had to be re-run."""
+        self.stage[req] = 0
+        self.in_system -= 1
+
     # -- handlers ---------------------------------------------------------------------------
     def _on_arrival(self, i: int, _: int) -> None:
         log, now = self.log, self.now_s
@@ -177,10 +272,13 @@ class Simulator:
             self._push(log.arrival_s[i + 1], ARRIVAL, i + 1)
         self.in_system_at_arrival.append(self.in_system)
         cached = self._cached(i)
-        info = RequestInfo(str(i), log.input_tokens[i], log.output_tokens[i], now)
-        decision = self.router.route(RouteQuery(info, cached), self.view)
+        query = RouteQuery(RequestInfo(str(i), log.input_tokens[i], log.output_tokens[i], now),
+                           cached)
+        decision = self.router.route(query, self.view)
         if self.link_down and not decision.rejected:
-            decision = self.failover.off_link(decision, RouteQuery(info, cached))
+            decision = self.failover.off_link(decision, query)
+        if self.spill.max_queued_per_prefill is not None:  # (no call per arrival without)
+            decision = self._spill(query, decision)
         t = self.router.threshold_tokens()
         log.threshold_tokens[i] = -1 if t is None else t
         decoder = self.decode_by_id.get(decision.decode_instance or "")
@@ -190,6 +288,14 @@ class Simulator:
             return
         self.in_system += 1
         self._admit(i, prefill, decoder, self._placement(i, decision, prefill, cached))
+
+    def _spill(self, query: RouteQuery, decision: RouteDecision) -> RouteDecision:
+        verdict = self.spill.admit(query, self.view, decision, self.awaiting_first_token)
+        if verdict.action is SpillAction.SPILL:
+            self.spilled += 1
+        elif verdict.action is SpillAction.FULL:
+            self.queue_full += 1
+        return verdict.decision
 
     def _admit(self, i: int, prefill: PrefillInstance, decoder: DecodeInstance,
                place: Placement) -> None:
@@ -201,6 +307,7 @@ class Simulator:
         self._decoder_of[i] = decoder
         self._prefill_of[i] = prefill
         self.stage[i] = 1
+        self.awaiting_first_token[prefill.instance_id] += 1
         log.remote[i] = prefill.cluster == PRFAAS_CLUSTER
         log.kv_bytes[i] = place.kv_bytes
         if place.link_wait_bytes > 0:
@@ -330,11 +437,15 @@ class Simulator:
         if log.kv_ready_s[req] != log.kv_ready_s[req]:  # nan: the first token only once
             log.kv_ready_s[req] = self.now_s
         self.stage[req] = 2
+        prefill = self._prefill_of[req]
+        assert prefill is not None  # routed (stage 1) before its KV could arrive
+        self.awaiting_first_token[prefill.instance_id] -= 1
         decoder = self._decoder_of[req]
         if decoder is None:  # its decoder went down and none was up to take over
             decoder = self.failover.redeliver(req)
             if decoder is None:
                 return
+            self._decoder_of[req] = decoder
         else:
             decoder.inflight -= 1
         if decoder.has_slot() and not decoder.waiting:

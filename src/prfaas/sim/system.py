@@ -11,7 +11,9 @@ Link: `scenario.link_gbps`, or the scenario's `link.schedule` ([[start_s, gbps],
 [{start_s, gbps}, ...]), the per-transfer cap and RTT of its TCP path (`scenario.tcp`:
 `connections` x min(`per_connection_gbps`, Mathis' bound from `rtt_ms`/`loss`/`mss_bytes`),
 models/tcp.py) and `pipelined` (default true). Intra-cluster transfers run at `intra_gbps`,
-unshared.
+unshared. `max_queued_per_prefill` (an override; default none) bounds each prefill queue as the
+live router's `admission.max_queued_per_prefill` does: a request beyond it spills to the other
+route, or is rejected when both are full (policy/spill.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class SystemConfig:
     kv_layers: int = DEFAULT_KV_LAYERS
     prefill_order: str = "fifo"
     rtt_s: float = 0.0  # added to every transfer across the inter-cluster link
+    # requests waiting for their first token at one prefill instance before the next spills to
+    # the other route (policy/spill.py; the live topology's admission.max_queued_per_prefill);
+    # None: unbounded queues, no spill
+    max_queued_per_prefill: int | None = None
 
     def describe(self) -> dict[str, Any]:
         """The resolved configuration, written beside results."""
@@ -60,6 +66,8 @@ class SystemConfig:
                                                        strict=True)],
                 "flow_cap_gbps": self.flow_cap_gbps, "intra_gbps": self.intra_gbps,
                 **({"rtt_s": self.rtt_s} if self.rtt_s else {}),
+                **({"max_queued_per_prefill": self.max_queued_per_prefill}
+                   if self.max_queued_per_prefill is not None else {}),
                 "pipelined": self.pipelined, "kv_layers": self.kv_layers,
                 "prefill_order": self.prefill_order}
 
@@ -143,5 +151,7 @@ def _validate(cfg: SystemConfig, pd_total: int) -> None:
         raise ConfigError("threshold_tokens", cfg.threshold_tokens, "must be >= 0")
     if cfg.prefill_order not in ("fifo", "sjf"):
         raise UnknownNameError("prefill_order", cfg.prefill_order, ["fifo", "sjf"])
+    if cfg.max_queued_per_prefill is not None and cfg.max_queued_per_prefill < 1:
+        raise ConfigError("max_queued_per_prefill", cfg.max_queued_per_prefill, "must be >= 1")
     if not cfg.intra_gbps > 0:
         raise ConfigError("intra_gbps", cfg.intra_gbps, "must be positive")

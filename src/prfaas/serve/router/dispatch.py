@@ -25,9 +25,11 @@ from typing import Any
 import aiohttp
 
 from prfaas.cache import GlobalKVCacheManager, chain_hashes
-from prfaas.core.types import RequestInfo, Route, RouteDecision, RouteQuery
+from prfaas.core.types import RequestInfo, RouteDecision, RouteQuery
 from prfaas.models.tokenizer import ByteTokenizer
-from prfaas.policy.base import Router, decide
+from prfaas.policy.base import Router
+from prfaas.policy.retry import FailedRequest, RetryAction, RetryPolicy
+from prfaas.policy.spill import SpillAction, SpillPolicy
 from prfaas.serve.router.backends import (
     Attempt,
     AttemptFailed,
@@ -37,7 +39,7 @@ from prfaas.serve.router.backends import (
     make_backend,
 )
 from prfaas.serve.router.cluster import UNSHAPED_GBPS, LiveCluster, LiveView
-from prfaas.serve.router.failover import guarded, next_path, resume_query
+from prfaas.serve.router.failover import guarded, wait_for_path
 from prfaas.serve.router.membership import Membership
 from prfaas.serve.router.openai_api import ApiError, GenRequest
 from prfaas.serve.topology import Topology, WorkerSpec
@@ -90,6 +92,8 @@ class Dispatcher:
         self.backend = backend or make_backend("native", session=session)
         self.membership = membership
         self.queued: Counter[str] = Counter()  # attempts waiting for their first token, by prefill
+        self.spill = SpillPolicy(topology.admission.max_queued_per_prefill)
+        self.retry = RetryPolicy(topology.max_retries)
         self.eos_id = ByteTokenizer().eos_id
         self.block_size_tokens = block_size_tokens
         self._ids = itertools.count(1)
@@ -118,25 +122,20 @@ class Dispatcher:
     def _admit(self, query: RouteQuery, view: LiveView, decision: RouteDecision
                ) -> RouteDecision:
         """The decision, or the other route's when the chosen prefill worker's queue is full
-        (the local cluster keeps serving while PrfaaS is backed up, and the reverse); 429
-        with Retry-After when both are full."""
-        limit = self.topology.admission.max_queued_per_prefill
-        if self.queued[decision.prefill_instance] < limit:
-            return decision
-        other = Route.PD if decision.route is Route.PRFAAS else Route.PRFAAS
-        spill = decide(query, view, other, decision.threshold_tokens, fallback=False)
-        if (not spill.rejected and spill.decode_instance is not None
-                and self.queued[spill.prefill_instance] < limit):
-            return spill
-        raise ApiError(429, f"prefill queue of {decision.prefill_instance} is full "
-                            f"({limit} waiting) and no other route has room",
-                       kind="rate_limit_error", code="queue_full",
-                       retry_after_s=self.topology.admission.retry_after_s)
+        (policy/spill.py, which the simulator calls too); 429 with Retry-After when both are
+        full."""
+        verdict = self.spill.admit(query, view, decision, self.queued)
+        if verdict.action is SpillAction.FULL:
+            raise ApiError(429, verdict.decision.reason, kind="rate_limit_error",
+                           code="queue_full",
+                           retry_after_s=self.topology.admission.retry_after_s)
+        return verdict.decision
 
     async def tokens(self, req: GenRequest, query: RouteQuery, decision: RouteDecision,
                      out: Outcome) -> AsyncGenerator[TokenEvent, None]:
-        """The request's tokens, across attempts: a failed one is retried on the local path
-        (no token sent yet) or resumed from the tokens already sent (see failover.py)."""
+        """The request's tokens, across attempts: what follows a failed one (retry on the
+        local path, resume from the tokens already sent, finish, or give up) is the retry
+        policy's decision (policy/retry.py, via failover.wait_for_path)."""
         failures = 0
         while True:
             self._describe(decision, out)
@@ -148,43 +147,39 @@ class Dispatcher:
                 failures += 1
                 if exc.worker and self.membership is not None:
                     self.membership.suspect(exc.worker, str(exc))
-                where = f"{out.prefill_node} -> {out.decode_node}"
-                if failures > self.topology.max_retries:
-                    raise ApiError(502, f"request failed on {where}: {exc}",
-                                   kind="server_error", code="transfer_failed") from exc
-                if out.token_ids and req.best_of > 1:  # n sequences' tokens: no one prefix
-                    raise ApiError(502, f"request failed on {where} after tokens of its "
-                                        f"{req.best_of} sequences were sent: {exc}",
-                                   kind="server_error", code="transfer_failed") from exc
-                if out.token_ids:
-                    out.resumed += 1
-                    out.resume_reason = f"{where}: {exc}"
-                else:
-                    out.retried, out.retry_reason = True, str(exc)
-                if self._finished(req, out):
+                after = await self._after_failure(req, query, decision, out, failures, exc)
+                if after is None:  # the failed attempt had sent every token
                     return
-                decision = await self._next_path(query, out, decision, exc)
+                decision = after
 
-    async def _next_path(self, query: RouteQuery, out: Outcome, failed: RouteDecision,
-                         exc: AttemptFailed) -> RouteDecision:
+    async def _after_failure(self, req: GenRequest, query: RouteQuery, failed: RouteDecision,
+                             out: Outcome, failures: int, exc: AttemptFailed
+                             ) -> RouteDecision | None:
+        """The next attempt's decision; None when the request is finished."""
+        where = f"{out.prefill_node} -> {out.decode_node}"
+        emitted = len(out.token_ids)
+        stopped = bool(out.token_ids) and out.token_ids[-1] == self.eos_id \
+            and not req.ignore_eos
+        state = FailedRequest(query, emitted, failures, req.best_of, stopped,
+                              failed.threshold_tokens)
         health = self.topology.health
-        decision = await next_path(resume_query(query, len(out.token_ids)), self.cluster.view,
-                                   failed.threshold_tokens, health.path_wait_s,
-                                   health.interval_s)
-        if decision.rejected or decision.decode_instance is None:
-            raise ApiError(502, f"{exc}; no local path to retry on: {decision.reason}",
+        verdict = await wait_for_path(self.retry, state, self.cluster.view, health.path_wait_s,
+                                      health.interval_s)
+        if verdict.action is RetryAction.GIVE_UP:
+            raise ApiError(502, f"request failed on {where} ({verdict.reason}): {exc}",
                            kind="server_error", code="transfer_failed") from exc
-        return decision
-
-    def _finished(self, req: GenRequest, out: Outcome) -> bool:
-        """The failed attempt had already sent every token (only `done` was missing)."""
-        if len(out.token_ids) >= req.max_tokens:
-            out.finish_reason = "length"
-            return True
-        if out.token_ids and out.token_ids[-1] == self.eos_id and not req.ignore_eos:
-            out.finish_reason = "stop"
-            return True
-        return False
+        if emitted:
+            out.resumed += 1
+            out.resume_reason = f"{where}: {exc}"
+        else:
+            out.retried, out.retry_reason = True, str(exc)
+        if verdict.action is RetryAction.FINISHED:
+            out.finish_reason = verdict.reason
+            return None
+        if verdict.action is RetryAction.NO_PATH or verdict.decision is None:
+            raise ApiError(502, f"{exc}; no local path to retry on: {verdict.reason}",
+                           kind="server_error", code="transfer_failed") from exc
+        return verdict.decision
 
     def _describe(self, decision: RouteDecision, out: Outcome) -> None:
         out.route = decision.route.value

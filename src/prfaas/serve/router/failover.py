@@ -2,10 +2,9 @@
 
 - `guarded`: relay an attempt's token events, but end it at once (AttemptFailed) when a
   worker it depends on goes down (membership's down event), instead of waiting for a timeout.
-- `resume_query`: the request as it stands after `emitted` tokens: prompt + emitted tokens is
-  the new prompt (re-prefilled on a healthy path), max_tokens - emitted is what is left.
-- `next_path`: a local-path decision for it on the current view (policy.base.decide falls back
-  to the other cluster), waiting up to `health.path_wait_s` for a path to come back.
+- `wait_for_path`: what the retry policy (policy/retry.py, the object the simulator calls too)
+  decides for the failed request on the current view, asked again every `poll_s` while it
+  finds no path, for up to `health.path_wait_s`: the clock lives here, the decision there.
 """
 
 from __future__ import annotations
@@ -14,10 +13,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 
-from prfaas.core.types import ClusterView, Route, RouteDecision, RouteQuery
-from prfaas.policy.base import decide
+from prfaas.core.types import ClusterView
+from prfaas.policy.retry import FailedRequest, RetryAction, RetryDecision, RetryPolicy
 from prfaas.serve.router.backends import AttemptFailed, TokenEvent
 
 
@@ -53,19 +51,13 @@ async def guarded(events: AsyncIterator[TokenEvent],
                 await nxt
 
 
-def resume_query(query: RouteQuery, emitted: int) -> RouteQuery:
-    info = query.request
-    return replace(query, request=replace(info, input_tokens=info.input_tokens + emitted))
-
-
-async def next_path(query: RouteQuery, view: Callable[[], ClusterView], threshold: int | None,
-                    wait_s: float, poll_s: float) -> RouteDecision:
-    """A local-path decision that can run; the last refusal after `wait_s` seconds."""
+async def wait_for_path(retry: RetryPolicy, failed: FailedRequest,
+                        view: Callable[[], ClusterView], wait_s: float, poll_s: float
+                        ) -> RetryDecision:
+    """The policy's decision once it is not NO_PATH; the last NO_PATH after `wait_s` s."""
     deadline = time.monotonic() + wait_s
     while True:
-        decision = decide(query, view(), Route.PD, threshold)
-        if not decision.rejected and decision.decode_instance is not None:
-            return decision
-        if time.monotonic() >= deadline:
-            return decision
+        verdict = retry.after_failure(failed, view())
+        if verdict.action is not RetryAction.NO_PATH or time.monotonic() >= deadline:
+            return verdict
         await asyncio.sleep(poll_s)
