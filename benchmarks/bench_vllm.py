@@ -14,8 +14,9 @@ R = B / T so transfer time ~ prefill time, then alternate, with fresh prompts:
 Reported: time from the prefill request to "all KV received" at the decoder (CLOCK_MONOTONIC,
 one clock for all processes here) over T. Goal: layer-wise <= 1.3 T.
 
-Part 2, prfaas vs vLLM's NixlConnector (UCX over TCP, `make vllm-nixl`), unshaped loopback,
-1K/2K/4K-token prompts. ROUNDS rounds, the stacks alternating A B A B ... (or A B B A ...):
+Part 2, prfaas vs vLLM's NixlConnector (UCX, `make vllm-nixl`), unshaped loopback,
+1K/2K/4K-token prompts. --rounds rounds (4), the stacks alternating A B B A A B B A (--order ABBA,
+the default) or A B A B ... (ABAB):
 each run starts a fresh pair (prefill instance on core 0, decoder on core 1), sends one
 warm-up request through the pair (NIXL's first request also does its handshake), then one
 set of prompts with the pinning as the stack leaves it ("as shipped"), then pins every thread
@@ -37,7 +38,8 @@ prompts go to both stacks in a round. Per request:
 prfaas sends the prefill and the decode request at once (the router's way); NIXL needs the
 prefill's answer (remote block ids) before the decode request (vLLM's toy proxy's way).
 
-    .venv/bin/python benchmarks/bench_vllm.py [--quick] [--rounds 3] [--order ABAB|ABBA]
+    .venv/bin/python benchmarks/bench_vllm.py [--quick] [--rounds 4] [--order ABBA|ABAB]
+    .venv/bin/python benchmarks/bench_vllm.py --table   # docs/vllm.md's table from the JSON
 Writes benchmarks/results/vllm.json.
 """
 
@@ -452,8 +454,8 @@ def main() -> int:
     ap.add_argument("--table", action="store_true",
                     help="print the markdown table of benchmarks/results/vllm.json and exit")
     ap.add_argument("--quick", action="store_true", help="1 round, part 1 with 1 repetition")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--order", choices=("ABAB", "ABBA"), default="ABAB",
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--order", choices=("ABAB", "ABBA"), default="ABBA",
                     help="ABAB: prfaas first in every round; ABBA: reversed every other round")
     ap.add_argument("--log-dir", default=None, help="keep the instances' logs and traces here")
     args = ap.parse_args()
