@@ -218,7 +218,7 @@ class _Pair:
                                                  "vllm:request_prefill_time_seconds")
         row["p_engine_queue_s"] = metric_delta(self.p.spec.url, p_before,
                                                "vllm:request_queue_time_seconds")
-        if self.name.startswith("nixl"):
+        if self.name == "nixl":
             row["nixl_xfer_s"] = metric_delta(self.d.spec.url, d_before,
                                               "vllm:nixl_xfer_time_seconds")
         return row
@@ -288,11 +288,7 @@ class NixlPair(_Pair):
 
     name = "nixl"
 
-    def __init__(self, model: Path, tmp: Path, progress_thread: bool = True) -> None:
-        # progress_thread=False: the agent without its UCX progress thread (nixl_traced.py
-        # patches vLLM's agent config), stack "nixl_noprog"
-        if not progress_thread:
-            self.name = "nixl_noprog"
+    def __init__(self, model: Path, tmp: Path) -> None:
         self.d_trace = tmp / "nixl-d.trace"
         pythonpath = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
 
@@ -302,8 +298,7 @@ class NixlPair(_Pair):
                             env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                                  "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
                                  "PYTHONPATH": pythonpath,
-                                 "PRFAAS_NIXL_TRACE": str(self.d_trace),
-                                 "PRFAAS_NIXL_PROG_THREAD": "1" if progress_thread else "0"},
+                                 "PRFAAS_NIXL_TRACE": str(self.d_trace)},
                             **COMMON)  # type: ignore[arg-type]
         self.p = VllmInstance(spec(P_CORES, free_port()), tmp / "nixl-p.log")
         self.d = VllmInstance(spec(D_CORES, free_port()), tmp / "nixl-d.log")
@@ -406,11 +401,11 @@ def spread(values: list[float | None]) -> dict[str, float] | None:
     return {"min": vs[0], "median": statistics.median(vs), "max": vs[-1], "n": len(vs)}
 
 
-def summarize(runs: list[dict[str, Any]], stacks: list[str]) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for n in map(str, LENGTHS):
         row: dict[str, Any] = {}
-        for stack in stacks:
+        for stack in ("prfaas", "nixl"):
             rs = [r["pinned"][n] for r in runs if r["stack"] == stack]
             if not rs:
                 continue
@@ -421,10 +416,11 @@ def summarize(runs: list[dict[str, Any]], stacks: list[str]) -> dict[str, Any]:
             shipped = [r["as_shipped"][n] for r in runs if r["stack"] == stack]
             row[f"{stack}_as_shipped_spread"] = {k: spread([x.get(k) for x in shipped])
                                                  for k in SPREAD_KEYS}
-        if len(stacks) > 1:
+        if "prfaas" in row and "nixl" in row:
             row["lower_median"] = {
-                k: min(stacks, key=lambda s, k=k: row[f"{s}_spread"][k]["median"])
-                for k in SPREAD_KEYS if all(row[f"{s}_spread"][k] for s in stacks)}
+                k: min(("prfaas", "nixl"), key=lambda s, k=k: row[f"{s}_spread"][k]["median"])
+                for k in SPREAD_KEYS
+                if row["prfaas_spread"][k] and row["nixl_spread"][k]}
         table[n] = row
     return table
 
@@ -461,10 +457,6 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--order", choices=("ABAB", "ABBA"), default="ABBA",
                     help="ABAB: prfaas first in every round; ABBA: reversed every other round")
-    ap.add_argument("--stacks", default="prfaas,nixl",
-                    help="A,B: prfaas, nixl, or nixl_noprog (NIXL without its progress thread)")
-    ap.add_argument("--no-part1", action="store_true", help="skip layer-wise vs after")
-    ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--log-dir", default=None, help="keep the instances' logs and traces here")
     args = ap.parse_args()
     if args.table:
@@ -487,41 +479,36 @@ def main() -> int:
             "order": args.order, "rounds": rounds, "loadavg_start": os.getloadavg()}
         runs: list[dict[str, Any]] = []
         for rnd in range(rounds):
-            order = args.stacks.split(",")
+            order = ["prfaas", "nixl"]
             if args.order == "ABBA" and rnd % 2:
                 order.reverse()
             for stack in order:
                 d = tmp / f"round{rnd}-{stack}"
                 d.mkdir(parents=True, exist_ok=True)
-                pair: _Pair = (PrfaasPair(model, d) if stack == "prfaas" else
-                               NixlPair(model, d, progress_thread=stack != "nixl_noprog"))
+                pair: _Pair = PrfaasPair(model, d) if stack == "prfaas" else NixlPair(model, d)
                 print(f"round {rnd} {stack}: {uptime()}", flush=True)
-                runs.append(one_run(pair, rnd, stack == "prfaas" and rnd == 0 and
-                                    not args.no_part1, reps))
+                runs.append(one_run(pair, rnd, stack == "prfaas" and rnd == 0, reps))
                 print(f"  done in {runs[-1]['startup_s']} s start; {runs[-1]['uptime_after']}",
                       flush=True)
-        if "part1" in runs[0]:
-            result["layerwise_vs_after"] = runs[0].pop("part1")
+        result["layerwise_vs_after"] = runs[0].pop("part1")
         configs = {r["stack"]: r["engine_config"] for r in runs}
         result["same_engine_config"] = len(set(configs.values())) == 1
         result["engine_config"] = configs
-        result["ttft_vs_nixl"] = summarize(runs, args.stacks.split(","))
+        result["ttft_vs_nixl"] = summarize(runs)
         result["runs"] = runs
         result["loadavg_end"] = os.getloadavg()
-    out = Path(args.out)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    lw = result.get("layerwise_vs_after")
-    if lw:
-        print(f"layer-wise all-KV/T {lw['layer-wise']['all_kv_over_T_median']:.2f}x, "
-              f"after {lw['after']['all_kv_over_T_median']:.2f}x "
-              f"(T={lw['standalone_prefill_s']:.2f} s, R={lw['link_rate_gbps'] * 1e3:.1f} Mbit/s)")
+    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    lw = result["layerwise_vs_after"]
+    print(f"layer-wise all-KV/T {lw['layer-wise']['all_kv_over_T_median']:.2f}x, "
+          f"after {lw['after']['all_kv_over_T_median']:.2f}x (T={lw['standalone_prefill_s']:.2f}"
+          f" s, R={lw['link_rate_gbps'] * 1e3:.1f} Mbit/s)")
     for n, row in result["ttft_vs_nixl"].items():
-        for stack in args.stacks.split(","):
+        for stack in ("prfaas", "nixl"):
             sp = row[f"{stack}_spread"]
             print(f"{n:>5} {stack:>6}: " + "  ".join(
                 f"{k} {sp[k]['min']:.3f}/{sp[k]['median']:.3f}/{sp[k]['max']:.3f}"
                 for k in SPREAD_KEYS if sp[k]))
-    print(f"wrote {out}")
+    print(f"wrote {OUT}")
     return 0
 
 

@@ -10,11 +10,6 @@ that append a JSON line to $PRFAAS_NIXL_TRACE in the Worker process:
     decoder's cache), or `recv_failed`.
 Times are time.monotonic() (CLOCK_MONOTONIC, one clock for every process on the host), the
 clock the PrfaasConnector's traces use. Cost: one file append per event, a few microseconds.
-
-With PRFAAS_NIXL_PROG_THREAD=0 (the benchmark's stack `nixl_noprog`) the one other change:
-the agent is created with `enable_prog_thread=False` (vLLM passes no value, so NIXL's default,
-True, starts a thread that polls UCX continuously; benchmarks/nixl_progress_thread.py). vLLM
-still checks its transfers every engine step (`check_xfer_state`, `get_new_notifs`).
 """
 
 from __future__ import annotations
@@ -24,20 +19,11 @@ import os
 import time
 from typing import Any
 
-import vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker as _base_worker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
     NixlPullConnector,
 )
 
 _TRACE = os.environ.get("PRFAAS_NIXL_TRACE")
-
-if os.environ.get("PRFAAS_NIXL_PROG_THREAD") == "0" and _base_worker.nixl_agent_config:
-    _agent_config = _base_worker.nixl_agent_config
-
-    def _no_progress_thread(*args: Any, **kwargs: Any) -> Any:
-        return _agent_config(*args, **{**kwargs, "enable_prog_thread": False})
-
-    _base_worker.nixl_agent_config = _no_progress_thread
 
 
 def _trace(ev: str, req: str) -> None:
