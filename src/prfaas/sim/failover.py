@@ -71,6 +71,7 @@ class Failover:
         sim.link_down = True
         for p in sim.remote:
             p.abort(sim.now_s)  # its KV has nowhere to go
+            sim.view.touch_prefill(p)
         self._rerun_where(lambda r: self._remote(r) or r in sim._held)
 
     def link_up(self) -> None:
