@@ -63,7 +63,7 @@ def scaled_scenario(base: str, factor: int, folder: Path) -> str:
     raw.pop("reference", None)
     for c in raw["clusters"].values():
         c["instances"] *= factor
-    for name, b in raw.get("baselines", {}).items():
+    for b in raw.get("baselines", {}).values():
         if "instances" in b:
             b["instances"] *= factor
         for part in ("prefill", "decode"):
