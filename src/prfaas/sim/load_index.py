@@ -56,19 +56,21 @@ class LoadIndex:
         return [m for _, m in out]
 
     def walk(self) -> Generator[tuple[Key, str], None, None]:
-        """Members with their current keys, smallest first, popped lazily; what was taken is
-        pushed back when the generator is closed (close it, or let it run out)."""
+        """Members with their current keys, smallest first, read lazily: the top is read in
+        place and popped only when the reader asks for the next; what was popped is pushed
+        back when the generator is closed (close it, or let it run out)."""
         heap, current = self._heap, self._key
         taken: list[tuple[Key, str]] = []
         seen: set[str] = set()
         try:
             while heap:
-                key, member = heapq.heappop(heap)
+                key, member = heap[0]
                 if current.get(member) != key or member in seen:
+                    heapq.heappop(heap)  # stale (the member's key moved on) or a duplicate
                     continue
-                seen.add(member)
-                taken.append((key, member))
                 yield key, member
+                seen.add(member)
+                taken.append(heapq.heappop(heap))
         finally:
             for entry in taken:
                 heapq.heappush(heap, entry)

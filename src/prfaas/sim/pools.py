@@ -65,10 +65,10 @@ class IdleGroups:
         taken: list[tuple[float, int]] = []
         try:
             while heap:
-                group = heapq.heappop(heap)
+                group = heap[0]
                 if group not in live or (taken and taken[-1] == group):
-                    continue  # empty since, or a duplicate entry
-                taken.append(group)
+                    heapq.heappop(heap)  # empty since, or a duplicate entry
+                    continue
                 names = live[group].walk()
                 try:
                     first = next((n for (n,), _ in names if n not in skip), None)
@@ -76,6 +76,7 @@ class IdleGroups:
                     names.close()
                 if first is not None:
                     yield group[0], first
+                taken.append(heapq.heappop(heap))
         finally:
             for group in taken:
                 heapq.heappush(heap, group)
