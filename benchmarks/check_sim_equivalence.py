@@ -73,7 +73,7 @@ def scaled_scenario(base: str, factor: int, folder: Path) -> str:
         raw["link"]["gbps"] *= factor
     raw["name"] = f"{base}-x{factor}"
     path = folder / f"{base}-x{factor}.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))  # hardware order matters
     return str(path)
 
 
@@ -139,21 +139,20 @@ def main() -> int:
             ref, ref_err = run(args.ref_src, argv)
             mine_argv = [*argv, "--seed", "12345"] if args.perturb else argv
             new, new_err = run(SRC, mine_argv)
-            if ref is None or new is None:
-                same = ref_err == new_err
-                diffs = [] if same else [f"error: {ref_err!r} != {new_err!r}"]
+            if ref is None or new is None:  # an error on either side counts as a failure
+                diffs = [f"error: {ref_err!r} / {new_err!r}"]
             else:
                 diffs = diff(ref, new)
             shown = [a if not a.endswith(".yaml") else Path(a).stem for a in argv]
+            rows = len(ref["requests_csv"]) - 1 if ref is not None else 0
             print(f"case {k:2d} {'identical' if not diffs else f'{len(diffs)} differences'}"
-                  f"{' (both: ' + ref_err + ')' if ref is None and not diffs else ''}: "
-                  f"{' '.join(shown)}", flush=True)
+                  f" ({rows} request rows): {' '.join(shown)}", flush=True)
             for line in diffs[:5]:
                 print("    ", line)
             bad += bool(diffs)
             cases.append({"argv": shown, "identical": not diffs, "differences": len(diffs),
                           "error": ref_err or None,
-                          "requests_routed": None if ref is None else ref.get("requests")})
+                          "request_rows": rows})
     if not args.perturb:
         OUT.write_text(json.dumps({"reference": str(args.ref_src), "seed": args.seed,
                                    "cases": cases, "all_identical": not bad}, indent=1) + "\n")
