@@ -106,9 +106,12 @@ def main() -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
+        env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
         done = subprocess.run([sys.executable, *argv, "--out", tmp], capture_output=True,
-                              text=True, check=True, timeout=3600)
+                              text=True, timeout=3600, env=env)
         wall = time.perf_counter() - start
+        if done.returncode:
+            raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
         summary = json.loads(done.stdout)
         s = load_scenario("datacenter-10k")
         plan = plan_all(s, mode="exact", only={"prfaas_pd"}).systems["prfaas_pd"]
