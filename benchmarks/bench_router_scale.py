@@ -35,11 +35,23 @@ OUT = Path(__file__).parent / "results" / "router_scale.json"
 REQUESTS = 4000
 
 
+def _live_cluster(topo: Any, clock: list[float]) -> Any:
+    """A LiveCluster on the fake clock, in either serve layout (flat serve/, before the
+    router/worker/deploy split, or serve/router/), so one script times both trees."""
+    try:
+        from prfaas.serve.engines import engine_backend
+        from prfaas.serve.router.cluster import LiveCluster
+        geometry = engine_backend(topo).card().kv
+    except ImportError:
+        from prfaas.serve.cluster import LiveCluster  # type: ignore[no-redef]
+        from prfaas.serve.model import engine_config, kv_geometry
+        geometry = kv_geometry(topo.model, engine_config(topo.model))
+    return LiveCluster(topo, geometry, clock=lambda: clock[0])
+
+
 def run(workers: int, policy_name: str, requests: int, seed: int = 0) -> dict[str, Any]:
     from prfaas.core.types import RequestInfo, RouteQuery
     from prfaas.policy.base import make_router
-    from prfaas.serve.cluster import LiveCluster
-    from prfaas.serve.model import engine_config, kv_geometry
     from prfaas.serve.topology import WorkerSpec, load_topology
 
     base = load_topology()
@@ -51,8 +63,7 @@ def run(workers: int, policy_name: str, requests: int, seed: int = 0) -> dict[st
                 for i in range(workers - n_prf - n_p)])
     topo = replace(base, workers=tuple(specs))
     clock = [1000.0]
-    cluster = LiveCluster(topo, kv_geometry(topo.model, engine_config(topo.model)),
-                          clock=lambda: clock[0])
+    cluster = _live_cluster(topo, clock)
     policy = make_router(policy_name, threshold_tokens=20000)
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(9.9, 1.0, requests), 128, 131072).astype(int)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Container, Generator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prfaas.core.pool import RankedPool
 from prfaas.core.types import InstanceLoad, Role
@@ -24,8 +24,26 @@ from prfaas.models.profile import PrefillTime
 from prfaas.sim.load_index import LoadIndex
 from prfaas.sim.pools import MARGIN, IdleGroups
 
-if TYPE_CHECKING:
-    from prfaas.serve.cluster import _Load
+
+class _Spec(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def cluster(self) -> str: ...
+    @property
+    def max_batch(self) -> int: ...
+
+
+class _Load(Protocol):
+    """What the pool reads of one worker's bookkeeping (serve/cluster.py `_Load`)."""
+
+    @property
+    def spec(self) -> _Spec: ...
+    inflight: int
+    busy_until: float
+    seconds_per_token: float
+    model: PrefillTime | None
+    ratio: float
 
 
 class LivePool:
