@@ -12,6 +12,13 @@ of their modules), beside the work they report (plan search ms, simulator loop s
 `--baseline REF` the same commands run from that commit's source tree in the same run, so
 before/after share one machine state. `--startup-only` measures only that and updates the
 `startup` key of sim.json.
+
+`--scale` (alone: updates only the `scale_curve` key): 12, 125, 1,250 and 2,500 instances of
+the 4/3/5 mix at the same load per instance, 20,000 Poisson requests each at 90% of the
+planner's capacity (rate and link scaled with the instances), each point in a fresh process
+(wall of Simulator.run, peak RSS of that process); with `--scale-baseline SRC` the same points
+also run from another source tree (e.g. main's, before the ranked cluster view), point by point
+in turn. Plot: docs/img/sim_scale.png.
 """
 
 from __future__ import annotations
@@ -135,11 +142,116 @@ def startup(baseline: str | None) -> dict[str, Any]:
     return result
 
 
+SCALE_POINTS = (12, 125, 1250, 2500)
+SCALE_REQUESTS = 20000
+PLOT = REPO / "docs" / "img" / "sim_scale.png"
+_POINT = """
+import json, resource, sys, time
+sys.path.insert(0, {bench!r})
+from bench_sim import scaled_point
+print(json.dumps(scaled_point({inst}, {n})))
+"""
+
+
+def scaled_point(instances: int, requests: int) -> dict[str, Any]:
+    """One scale point, run in this process (see `--scale`)."""
+    import resource
+
+    from prfaas.planner.search import plan_all
+
+    s = load_scenario("paper-case-study")
+    planned = plan_all(s, mode="exact")
+    cfg = scaled(build_system(s, "prfaas_pd", planned=planned), instances)
+    rate = 0.9 * planned.systems["prfaas_pd"].lambda_max * instances / 12
+    w = synthetic(s.lengths, s.output_tokens, make_arrivals("poisson"), rate, requests, seed=0)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    sim = Simulator(cfg, w).run()
+    wall = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"instances": instances, "n_prfaas": cfg.n_prfaas, "n_p": cfg.n_p, "n_d": cfg.n_d,
+            "requests": requests, "rate_rps": round(rate, 3), "simulated_s": round(sim.now_s, 1),
+            "events": sim.events, "wall_s": round(wall, 3),
+            "wall_per_request_us": round(wall / requests * 1e6, 1),
+            "peak_rss_mib": round(rss / 1024, 1),
+            "peak_rss_before_sim_mib": round(rss_before / 1024, 1)}
+
+
+def scale_curve(baseline_src: Path | None) -> dict[str, Any]:
+    trees = {"after": REPO / "src"}
+    if baseline_src is not None:
+        trees["before"] = baseline_src
+    rows: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+    load_before = os.getloadavg()
+    for inst in SCALE_POINTS:
+        for tree, src in trees.items():
+            code = _POINT.format(bench=str(Path(__file__).parent), inst=inst, n=SCALE_REQUESTS)
+            env = {**os.environ, "PYTHONPATH": str(src)}
+            done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                  text=True, check=True, timeout=3600)
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            rows[tree].append(row)
+            print(tree, row, flush=True)
+    after = {r["instances"]: r for r in rows["after"]}
+    result: dict[str, Any] = {
+        "how": f"4/3/5 prfaas_pd mix of the paper case study scaled to each instance count "
+               f"(rate = 0.9 x the exact planner's capacity x instances / 12, link 100 Gbps "
+               f"per 12 instances), {SCALE_REQUESTS:,} Poisson requests, seed 0, each point "
+               "a fresh process; wall = Simulator.run; peak RSS of the whole process",
+        "machine": f"{platform.processor() or platform.machine()}, python "
+                   f"{platform.python_version()}, shared 2-core VM (other engineers' work ran "
+                   "beside it; timing runs held /work/heavy.lock)",
+        "points": rows["after"],
+        "ratio_1250_to_12": round(after[1250]["wall_per_request_us"]
+                                  / after[12]["wall_per_request_us"], 2),
+        "load_average": {"before": [round(x, 2) for x in load_before],
+                         "after": [round(x, 2) for x in os.getloadavg()]},
+    }
+    if "before" in rows:
+        result["before"] = {"source": str(baseline_src), "points": rows["before"]}
+    plot_scale(result)
+    return result
+
+
+def plot_scale(result: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    series = [("ranked view (after)", result["points"])]
+    if "before" in result:
+        series.append(("full scan (before)", result["before"]["points"]))
+    for label, points in series:
+        ax.plot([p["instances"] for p in points], [p["wall_per_request_us"] for p in points],
+                marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("instances (4/3/5 mix, same load per instance)")
+    ax.set_ylabel("wall per simulated request (us)")
+    ax.set_title("Simulator cost per request vs cluster size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    PLOT.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default=None, help="commit to time as `before`")
     parser.add_argument("--startup-only", action="store_true")
+    parser.add_argument("--scale", action="store_true", help="only the scale curve")
+    parser.add_argument("--scale-baseline", type=Path, default=None,
+                        help="a source tree (src/) to run the scale curve from as `before`")
     args = parser.parse_args()
+    if args.scale:
+        curve = scale_curve(args.scale_baseline)
+        previous = json.loads(OUT.read_text()) if OUT.exists() else {}
+        OUT.write_text(json.dumps({**previous, "scale_curve": curve}, indent=2) + "\n")
+        print(f"wrote {OUT} (scale curve), {PLOT}")
+        return
     start = startup(args.baseline)
     print("startup", json.dumps(start, indent=2))
     if args.startup_only:
@@ -176,6 +288,7 @@ def main() -> None:
         "by_requests": by_requests,
         "by_instances_10min": by_instances,
         "startup": start,
+        "scale_curve": scale_curve(None),
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")

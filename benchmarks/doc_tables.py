@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 Loader = Callable[[str], Any]
 
 
@@ -298,7 +300,8 @@ def sim_vs_live_calibration(load: Loader) -> str:
                 cols = r["requests_columns"]
                 live = [row[cols.index("live_ttft_s")] for row in r["requests"]]
                 sim = [row[cols.index("sim_ttft_s")] for row in r["requests"]]
-                cal = {"ttft": per_request_error(live, sim), "e2e": None}
+                cal = {"ttft": per_request_error(np.asarray(live, dtype=float),
+                                                   np.asarray(sim, dtype=float)), "e2e": None}
             add(f"torch tiny engine, 1/1/1, {r['load_fraction']:.0%} ({host})",
                 r["live"]["loadavg_1m_before_after"], cal["ttft"], cal["e2e"])
     return "\n".join(lines)

@@ -57,7 +57,9 @@ def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int
     from prfaas.planner.search import plan_all
 
     scenario = load_scenario(scenario_name)
-    planned = plan_all(scenario, mode="exact")
+    # only the system simulated (and prfaas_pd, whose t threshold policies borrow): an unknown
+    # name searches nothing and build_system names the known ones
+    planned = plan_all(scenario, mode="exact", only={"prfaas_pd", system})
     overrides: dict[str, Any] = {"prefill_order": prefill_order}
     if link_gbps is not None:
         overrides["link"] = LinkSchedule.constant(link_gbps)

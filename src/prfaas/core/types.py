@@ -130,4 +130,9 @@ class RouteDecision:
 
 def best_cached(query: RouteQuery, instances: Sequence[InstanceLoad]) -> int:
     """Longest cached prefix (tokens) among `instances`."""
+    from prfaas.core.pool import RankedPool  # (pool.py imports this module)
+
+    if isinstance(instances, RankedPool):  # only the holders, looked up by name
+        return max((c for name, c in query.cached_tokens.items()
+                    if instances.get(name) is not None), default=0)
     return max((query.cached_tokens.get(i.instance_id, 0) for i in instances), default=0)

@@ -103,6 +103,10 @@ class KVSize:
         return np.asarray(self.fixed_bytes + self.per_token_bytes * x, dtype=float)
 
     def bytes_for(self, length_tokens: float) -> float:
+        if self.geometry is None or not self.geometry.swa_window_tokens:
+            # the same two IEEE double operations as size_bytes, without numpy's per-call cost
+            # (the simulator asks once per request)
+            return self.fixed_bytes + self.per_token_bytes * float(length_tokens)
         return float(self.size_bytes(length_tokens))
 
     def tail_bytes(self, total_tokens: float, cached_tokens: float) -> float:

@@ -7,6 +7,7 @@ scenario for the three systems of the paper's Table 6.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -238,25 +239,34 @@ def inputs_from_scenario(s: Scenario) -> PlanInputs:
     )
 
 
-def plan_all(s: Scenario, mode: str | None = None) -> PlanResult:
-    """The three systems of Table 6 for scenario `s`."""
+def plan_all(s: Scenario, mode: str | None = None,
+             only: Collection[str] | None = None) -> PlanResult:
+    """The three systems of Table 6 for scenario `s` (with `only`, just those named: a
+    simulation of one system needs no search of the others, which at 10K GPUs take seconds)."""
     mode = mode or s.mode
     inputs = inputs_from_scenario(s)
-    prfaas = search_prfaas_pd(inputs, mode)
-    homog = search_homogeneous(
-        PlanInputs(**{**inputs.__dict__, "pd_prefill": s.homogeneous.hardware.require_prefill(),
-                      "decode": s.homogeneous.hardware.require_decode()}),
-        s.homogeneous.instances, mode)
-    naive = search_naive(
-        PlanInputs(**{**inputs.__dict__,
-                      "prfaas_prefill": s.naive_prefill.hardware.require_prefill(),
-                      "decode": s.naive_decode.hardware.require_decode()}),
-        s.naive_prefill.instances, s.naive_decode.instances, mode)
+    wanted = set(SYSTEMS if only is None else only)
+    systems: dict[str, SystemPlan] = {}
+    if "prfaas_pd" in wanted:
+        systems["prfaas_pd"] = search_prfaas_pd(inputs, mode)
+    if "homogeneous_pd" in wanted:
+        systems["homogeneous_pd"] = search_homogeneous(
+            PlanInputs(**{**inputs.__dict__,
+                          "pd_prefill": s.homogeneous.hardware.require_prefill(),
+                          "decode": s.homogeneous.hardware.require_decode()}),
+            s.homogeneous.instances, mode)
+    if "naive_heterogeneous" in wanted:
+        systems["naive_heterogeneous"] = search_naive(
+            PlanInputs(**{**inputs.__dict__,
+                          "prfaas_prefill": s.naive_prefill.hardware.require_prefill(),
+                          "decode": s.naive_decode.hardware.require_decode()}),
+            s.naive_prefill.instances, s.naive_decode.instances, mode)
     points = threshold_grid(s.lengths, s.t_step_tokens).size * s.pd.instances
-    systems = {"prfaas_pd": prfaas, "homogeneous_pd": homog, "naive_heterogeneous": naive}
     costs = {"prfaas_pd": (s.prfaas, s.pd), "homogeneous_pd": (s.homogeneous,),
              "naive_heterogeneous": (s.naive_prefill, s.naive_decode)}
     for name, pools in costs.items():
+        if name not in systems:
+            continue
         per_pool = [p.cost_per_hour for p in pools]
         if all(c is not None for c in per_pool):
             systems[name] = replace(systems[name], cost_per_hour=sum(c or 0.0 for c in per_pool))

@@ -15,15 +15,37 @@ decisions it receives: nothing is dropped silently.
 from __future__ import annotations
 
 from prfaas.core.errors import ConfigError
-from prfaas.core.types import ClusterView, Route, RouteDecision, RouteQuery
+from prfaas.core.pool import RankedPool
+from prfaas.core.types import (
+    PD_CLUSTER,
+    PRFAAS_CLUSTER,
+    ClusterView,
+    Route,
+    RouteDecision,
+    RouteQuery,
+)
 from prfaas.policy.base import Router
+
+
+def _queued_work_s(view: ClusterView, instance_id: str) -> float:
+    """The instance's queued work (0.0 if the view no longer shows it): looked up by name in
+    ranked pools, else found by a scan."""
+    pools = [view.instances(c, "prefill") for c in (PRFAAS_CLUSTER, PD_CLUSTER)]
+    if all(isinstance(p, RankedPool) for p in pools):
+        for pool in pools:
+            assert isinstance(pool, RankedPool)
+            inst = pool.get(instance_id)
+            if inst is not None:
+                return inst.queued_work_s
+        return 0.0
+    return next((i.queued_work_s for i in view.instances()
+                 if i.instance_id == instance_id), 0.0)
 
 
 def predict_ttft_s(decision: RouteDecision, query: RouteQuery, view: ClusterView,
                    pipelined: bool = True) -> float:
     """Predicted TTFT of an accepted decision (see module docstring)."""
-    queue_s = next((i.queued_work_s for i in view.instances()
-                    if i.instance_id == decision.prefill_instance), 0.0)
+    queue_s = _queued_work_s(view, decision.prefill_instance)
     move_s = view.kv_transfer_s(decision.prefix_transfer_tokens) \
         if decision.prefix_transfer_tokens > 0 else 0.0
     prefill_s = view.prefill_time_s(decision.prefill_instance, query.request.input_tokens,

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from prfaas.core.errors import ConfigError, UnknownNameError
+from prfaas.core.pool import RankedPool
 from prfaas.core.types import (
     PD_CLUSTER,
     PRFAAS_CLUSTER,
@@ -103,6 +104,42 @@ def router_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+PrefillCost = Callable[[InstanceLoad], tuple[float, int, str]]
+
+
+def cheapest(query: RouteQuery, candidates: Sequence[InstanceLoad], cost: PrefillCost,
+             fixed_s: float = 0.0, cached_tokens: int = 0) -> InstanceLoad:
+    """`min(candidates, key=cost)`, where a candidate holding no prefix in `query` costs
+    (queued_work_s + fixed_s) + prefill_time_s(input, `cached_tokens`), summed in that order.
+    On a `RankedPool` (core/pool.py) only the prefix holders and the members whose lower bound
+    of that cost is <= the best found are read: the same minimum, ties included."""
+    if not isinstance(candidates, RankedPool):
+        return min(candidates, key=cost)
+    held = query.cached_tokens
+    best: InstanceLoad | None = None
+    best_key: tuple[float, int, str] | None = None
+    for name in held:
+        inst = candidates.get(name)
+        if inst is not None:
+            key = cost(inst)
+            if best_key is None or key < best_key:
+                best, best_key = inst, key
+    floor_s = candidates.prefill_floor_s(query.request.input_tokens, cached_tokens)
+    ranked = candidates.ranked(held)
+    try:
+        for bound_s, inst in ranked:
+            if best_key is not None and bound_s + fixed_s + floor_s > best_key[0]:
+                break  # float sums are monotone: no later member can cost <= the best
+            key = cost(inst)
+            if best_key is None or key < best_key:
+                best, best_key = inst, key
+    finally:
+        ranked.close()
+    if best is None:
+        raise ValueError("cheapest() of an empty pool")
+    return best
+
+
 def pick_prefill(query: RouteQuery, view: ClusterView, candidates: Sequence[InstanceLoad]
                  ) -> tuple[InstanceLoad, int]:
     """The candidate with the smallest predicted TTFT contribution (queue + own service time,
@@ -116,7 +153,7 @@ def pick_prefill(query: RouteQuery, view: ClusterView, candidates: Sequence[Inst
         service = view.prefill_time_s(inst.instance_id, req.input_tokens, cached)
         return (inst.queued_work_s + service, -cached, inst.instance_id)
 
-    best = min(candidates, key=cost)
+    best = cheapest(query, candidates, cost)
     cached = max(min(query.cached_tokens.get(best.instance_id, 0), req.input_tokens - 1), 0)
     return best, cached
 
@@ -149,6 +186,12 @@ def pick_decode(view: ClusterView) -> InstanceLoad | None:
     decoders = view.instances(PD_CLUSTER, "decode")
     if not decoders:
         return None
+    if isinstance(decoders, RankedPool):  # ranked in exactly this order
+        ranked = decoders.ranked()
+        try:
+            return next(ranked)[1]
+        finally:
+            ranked.close()
     return min(decoders, key=lambda d: (-d.free_slots, d.running + d.queued_requests,
                                         d.instance_id))
 

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prfaas.core.errors import ConfigError
+from prfaas.core.pool import RankedPool
 from prfaas.core.types import (
     PD_CLUSTER,
     PRFAAS_CLUSTER,
@@ -44,6 +45,7 @@ from prfaas.core.types import (
 from prfaas.policy.base import (
     NO_DECODE,
     Router,
+    cheapest,
     no_prefill_reason,
     pick_decode,
     register,
@@ -112,17 +114,22 @@ def place(query: RouteQuery, view: ClusterView, candidates: Sequence[InstanceLoa
         return (inst.queued_work_s + move_s + view.prefill_time_s(inst.instance_id, total, c),
                 -c, inst.instance_id)
 
-    best = min(candidates, key=cost)
+    # a node holding nothing reuses (after a move of) the floor alone
+    plain = _usable(floor_tokens, total)
+    best = cheapest(query, candidates, cost, view.kv_transfer_s(plain) if plain > 0 else 0.0,
+                    plain)
     return best, cached_at(best)
 
 
 def _holder(query: RouteQuery, instances: Sequence[InstanceLoad]) -> tuple[str | None, int]:
     """The instance with the longest cached prefix among `instances` (ties: name)."""
     best: tuple[int, str] | None = None
-    for inst in instances:
-        c = query.cached_tokens.get(inst.instance_id, 0)
-        if c > 0 and (best is None or (c, best[1]) > (best[0], inst.instance_id)):
-            best = (c, inst.instance_id)
+    names = ([n for n in query.cached_tokens if instances.get(n) is not None]
+             if isinstance(instances, RankedPool) else [i.instance_id for i in instances])
+    for name in names:
+        c = query.cached_tokens.get(name, 0)
+        if c > 0 and (best is None or (c, best[1]) > (best[0], name)):
+            best = (c, name)
     return (best[1], best[0]) if best else (None, 0)
 
 

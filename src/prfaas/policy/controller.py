@@ -151,8 +151,9 @@ class ThresholdController:
             self.history.append((now, self.t_tokens))
         if self._next_solve_s is None:
             self._next_solve_s = now + self.config.period_s
-        due = now >= self._next_solve_s or (self._urgent(view) and now >= self._next_solve_s
-                                            - self.config.period_s / 2)
+        # the time test first: `_urgent` reads every PrfaaS instance's queue (O(n))
+        due = now >= self._next_solve_s or (now >= self._next_solve_s - self.config.period_s / 2
+                                            and self._urgent(view))
         if not due or len(self._window) < self.config.min_window or self._degraded(view):
             return self.t_tokens
         self._next_solve_s = now + self.config.period_s

@@ -32,12 +32,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from prfaas.core.types import PRFAAS_CLUSTER, ClusterView, Route, RouteDecision, RouteQuery
+from prfaas.core.types import PRFAAS_CLUSTER, Route, RouteDecision, RouteQuery
 from prfaas.policy.base import Router, decide, pick_decode
 from prfaas.policy.retry import FailedRequest, RetryAction, RetryPolicy
 from prfaas.sim.instances import DecodeInstance, PrefillInstance
+
+if TYPE_CHECKING:
+    from prfaas.sim.view import SimView
 
 
 class FailoverHost(Protocol):
@@ -48,7 +51,7 @@ class FailoverHost(Protocol):
     @property
     def now_s(self) -> float: ...
     @property
-    def view(self) -> ClusterView: ...
+    def view(self) -> SimView: ...
     @property
     def router(self) -> Router: ...
     @property
@@ -107,6 +110,7 @@ class Failover:
         sim.link_down = True
         for p in sim.remote:
             p.abort(sim.now_s)  # its KV has nowhere to go
+            sim.view.touch_prefill(p)
         self._rerun_where(lambda r: self._remote(r) or sim.waits_on_link(r))
 
     def link_up(self) -> None:

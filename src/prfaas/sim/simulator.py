@@ -82,7 +82,6 @@ class Simulator:
         self.decode_by_id = {d.instance_id: d for d in self.decoders}
         self.link = SharedLink(cfg.link, cfg.flow_cap_gbps)
         self.view = SimView(self, candidate_limit)
-        self._indexed = candidate_limit is not None
         self.now_s = 0.0
         self.events = 0
         self.in_system = 0
@@ -302,8 +301,7 @@ class Simulator:
         """Count the request on its decoder and queue its prefill (or its prefix move)."""
         log, now = self.log, self.now_s
         decoder.inflight += 1
-        if self._indexed:
-            self.view.touch_decode(decoder)
+        self.view.touch_decode(decoder)
         self._decoder_of[i] = decoder
         self._prefill_of[i] = prefill
         self.stage[i] = 1
@@ -340,8 +338,7 @@ class Simulator:
         prefill.enqueue(req, service_s)
         if prefill.running < 0:
             self._start_prefill(prefill)
-        if self._indexed:
-            self.view.touch_prefill(prefill)
+        self.view.touch_prefill(prefill)
 
     def _start_prefill(self, prefill: PrefillInstance) -> None:
         started = prefill.start_next(self.now_s)
@@ -387,8 +384,7 @@ class Simulator:
                 if self.cfg.pipelined else now + whole
             self._push(ready, KV_ARRIVE, req, self.attempt[req])
         self._start_prefill(prefill)
-        if self._indexed:
-            self.view.touch_prefill(prefill)
+        self.view.touch_prefill(prefill)
         for plugin in self.plugins:
             plugin.on_prefill_done(req, prefill)
 
@@ -455,6 +451,7 @@ class Simulator:
             self._schedule_decoder(decoder)
         else:
             decoder.waiting.append(req)
+        self.view.touch_decode(decoder)  # a redelivered request adds to its occupancy
 
     def tokens_to_emit(self, req: int) -> int:
         """Decode steps of the request's current attempt (fewer once resumed)."""
@@ -480,7 +477,6 @@ class Simulator:
             req = decoder.waiting.popleft()
             decoder.join(now, req, self.tokens_to_emit(req))
         self._schedule_decoder(decoder)
-        if self._indexed:
-            self.view.touch_decode(decoder)
+        self.view.touch_decode(decoder)
         for plugin in self.plugins:
             plugin.on_decode_done(decoder)

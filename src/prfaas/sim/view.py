@@ -1,12 +1,14 @@
 """`SimView`: the simulator's `ClusterView`, what a router sees of simulated instances.
 
-With `candidate_limit=k`, a pool of prefill instances is shown as its k least-loaded members
-(by predicted drain time, then id) and the decode pool as its k best (most free slots, fewest
-queued, then id). For a pool of one hardware type and no prefix caches this changes no decision
-of the built-in routers (they take the minimum of exactly those keys). The k are read from a
-`LoadIndex` per pool that the simulator keeps current (`touch_prefill` / `touch_decode` after
-every change of an instance's queue or batch), so routing costs O(k log n), not O(n). None
-(the default) shows every instance and keeps no index.
+`instances(cluster, role)` is that pool's `RankedPool` (sim/pools.py): a sequence of the
+members' loads for a policy that scans it, and a ranking the shipped policies read instead
+(core/pool.py), so a routing decision costs O(k log n), not O(n), and decides exactly as a
+scan. The simulator keeps the ranking current: `touch_prefill` / `touch_decode` after every
+change of an instance's queue or batch. `instances()` without a cluster or role is a list.
+
+With `candidate_limit=k` (an approximation kept for comparison), a pool larger than k is shown
+as its k least-loaded members (by predicted drain time, then id; decode: most free slots,
+fewest queued, then id), read from a `LoadIndex` keyed by `order_key()`.
 
 Pools change when the rebalancer moves an instance: `remove` hides it from routing (it drains),
 `add` shows its new-role incarnation; a scheduled outage removes and re-adds instances the same
@@ -23,6 +25,7 @@ from prfaas.core.types import InstanceLoad, LinkStatus, Role
 from prfaas.sim.instances import DecodeInstance, PrefillInstance
 from prfaas.sim.link import BYTES_PER_GBPS
 from prfaas.sim.load_index import LoadIndex
+from prfaas.sim.pools import DecodePool, PrefillPool
 
 if TYPE_CHECKING:
     from prfaas.sim.simulator import Simulator
@@ -33,8 +36,8 @@ class SimView:
                  shared: SimView | None = None) -> None:
         self._sim = sim
         self._limit = candidate_limit
-        self._prefill: dict[str, list[PrefillInstance]] = shared._prefill if shared else {}
-        self._decode: dict[str, list[DecodeInstance]] = shared._decode if shared else {}
+        self._prefill: dict[str, PrefillPool] = shared._prefill if shared else {}
+        self._decode: dict[str, DecodePool] = shared._decode if shared else {}
         self._index: dict[tuple[str, Role], LoadIndex] = shared._index if shared else {}
         self._link_key: tuple[int, bool] | None = None
         self._link_status = LinkStatus(0.0)
@@ -48,6 +51,9 @@ class SimView:
     def unlimited(self) -> SimView:
         return SimView(self._sim, None, shared=self)
 
+    def _clock(self) -> float:
+        return self._sim.now_s
+
     @property
     def now_s(self) -> float:
         return self._sim.now_s
@@ -55,10 +61,16 @@ class SimView:
     # -- pool membership and the load index --------------------------------------------------
     def add(self, inst: PrefillInstance | DecodeInstance) -> None:
         if isinstance(inst, PrefillInstance):
-            self._prefill.setdefault(inst.cluster, []).append(inst)
+            pool = self._prefill.get(inst.cluster)
+            if pool is None:
+                pool = self._prefill[inst.cluster] = PrefillPool(self._clock)
+            pool.add(inst)
             role: Role = "prefill"
         else:
-            self._decode.setdefault(inst.cluster, []).append(inst)
+            dpool = self._decode.get(inst.cluster)
+            if dpool is None:
+                dpool = self._decode[inst.cluster] = DecodePool(self._clock)
+            dpool.add(inst)
             role = "decode"
         if self._limit is not None:
             self._index.setdefault((inst.cluster, role), LoadIndex()).set(
@@ -76,35 +88,51 @@ class SimView:
             index.remove(inst.instance_id)
 
     def touch_prefill(self, p: PrefillInstance) -> None:
+        pool = self._prefill.get(p.cluster)
+        if pool is None or p not in pool:
+            return
+        pool.touch(p)
         index = self._index.get((p.cluster, "prefill"))
-        if index is not None and p.instance_id in index:
+        if index is not None:
             index.set(p.instance_id, p.order_key())
 
     def touch_decode(self, d: DecodeInstance) -> None:
+        pool = self._decode.get(d.cluster)
+        if pool is None or d not in pool:
+            return
+        pool.touch(d)
         index = self._index.get((d.cluster, "decode"))
-        if index is not None and d.instance_id in index:
+        if index is not None:
             index.set(d.instance_id, d.order_key())
 
     # -- ClusterView -------------------------------------------------------------------------
     def instances(self, cluster: str | None = None, role: Role | None = None
                   ) -> Sequence[InstanceLoad]:
+        limit = self._limit
+        if cluster is not None and role is not None and limit is None:
+            pools = self._prefill if role == "prefill" else self._decode
+            pool = pools.get(cluster)
+            return pool if pool is not None else []
         now = self._sim.now_s
         out: list[InstanceLoad] = []
-        limit = self._limit
         if role in (None, "prefill"):
             for c, pool in self._prefill.items():
                 if cluster in (None, c):
-                    if limit is not None and len(pool) > limit:
+                    members: Sequence[PrefillInstance] = pool.members
+                    if limit is not None and len(members) > limit:
                         by_id = self._sim.prefill_by_id
-                        pool = [by_id[i] for i in self._index[(c, "prefill")].smallest(limit)]
-                    out.extend(p.load(now) for p in pool)
+                        members = [by_id[i] for i in
+                                   self._index[(c, "prefill")].smallest(limit)]
+                    out.extend(p.load(now) for p in members)
         if role in (None, "decode"):
             for c, dpool in self._decode.items():
                 if cluster in (None, c):
-                    if limit is not None and len(dpool) > limit:
+                    dmembers: Sequence[DecodeInstance] = dpool.members
+                    if limit is not None and len(dmembers) > limit:
                         by_did = self._sim.decode_by_id
-                        dpool = [by_did[i] for i in self._index[(c, "decode")].smallest(limit)]
-                    out.extend(d.load(now) for d in dpool)
+                        dmembers = [by_did[i] for i in
+                                    self._index[(c, "decode")].smallest(limit)]
+                    out.extend(d.load(now) for d in dmembers)
         return out
 
     def link(self) -> LinkStatus:

@@ -18,7 +18,10 @@ PrfaaS prefill reports having shipped, and pending = the predicted KV bytes of P
 dispatched but not yet delivered. The PrfaaS queue is each worker's in-flight requests and
 their predicted prefill seconds. Workers the membership layer holds down are left out of
 `instances`, so a policy never picks one. The clock is read here, never in the policy: `now_s` is a
-snapshot taken when the view is built.
+snapshot taken when the view is built, and every worker's queued work is read at that instant.
+`instances(cluster, role)` is a `RankedPool` (serve/live_pool.py) that this bookkeeping keeps
+ranked as requests start and finish, workers measure themselves and go down or up, so the
+policy's decision reads a few workers, not all, and decides as a scan of them would.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from prfaas.core.types import InstanceLoad, LinkStatus, Role
 from prfaas.models.kv import KVGeometry
 from prfaas.models.profile import PrefillTime
+from prfaas.serve.live_pool import LivePool, LivePoolView
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.transport import LinkMonitor
 
@@ -61,10 +65,36 @@ class LiveCluster:
         self.loads = {w.name: _Load(w, model=(models or {}).get(w.name))
                       for w in topology.workers}
         self.monitor = LinkMonitor(window_s=LINK_WINDOW_S)
-        self.down: frozenset[str] = frozenset()  # kept by membership.py; not in the view
+        order = {w.name: k for k, w in enumerate(topology.workers)}
+        self._pools: dict[tuple[str, Role], LivePool] = {
+            (w.cluster, _role(w)): LivePool(_role(w), order) for w in topology.workers}
+        for load in self.loads.values():
+            self._pool_of(load).add(load)
+        self._down: frozenset[str] = frozenset()
         self.capacity_gbps: float | None = None  # told by POST /link (link telemetry)
         self._clock = clock
         self._t0 = clock()
+
+    @property
+    def down(self) -> frozenset[str]:
+        """Workers held down (kept by serve/router/membership.py); not in the view."""
+        return self._down
+
+    @down.setter
+    def down(self, names: frozenset[str]) -> None:
+        for name in self._down - names:
+            if name in self.loads:
+                self._pool_of(self.loads[name]).add(self.loads[name])
+        for name in names - self._down:
+            if name in self.loads:
+                self._pool_of(self.loads[name]).remove(name)
+        self._down = frozenset(names)
+
+    def _pool_of(self, load: _Load) -> LivePool:
+        return self._pools[(load.spec.cluster, _role(load.spec))]
+
+    def pool(self, cluster: str, role: Role) -> LivePool | None:
+        return self._pools.get((cluster, role))
 
     def prefill_time_s(self, instance_id: str, total_tokens: int, cached_tokens: int) -> float:
         load = self.loads.get(instance_id)
@@ -78,6 +108,7 @@ class LiveCluster:
         load.inflight += 1
         load.inflight_work_s += work_s
         load.busy_until = max(load.busy_until, self._clock()) + work_s
+        self._pool_of(load).touch(load)
 
     def finish(self, name: str, work_s: float = 0.0) -> None:
         """One request is done with `name` (a prefill worker: its prefill is; the next one
@@ -86,10 +117,13 @@ class LiveCluster:
         load.inflight = max(load.inflight - 1, 0)
         load.inflight_work_s = max(load.inflight_work_s - work_s, 0.0)
         load.busy_until = self._clock() + load.inflight_work_s
+        self._pool_of(load).touch(load)
 
-    def queued_work_s(self, name: str) -> float:
+    def queued_work_s(self, name: str, now: float | None = None) -> float:
+        """Predicted seconds until `name` has drained, at `now` (monotonic; default: now)."""
         load = self.loads[name]
-        return max(load.busy_until - self._clock(), 0.0) if load.inflight else 0.0
+        at = self._clock() if now is None else now
+        return max(load.busy_until - at, 0.0) if load.inflight else 0.0
 
     def measured(self, name: str, prefill_s: float, total_tokens: int, cached_tokens: int
                  ) -> None:
@@ -103,6 +137,7 @@ class LiveCluster:
             load.ratio = (1 - EWMA) * load.ratio + EWMA * ratio
         else:
             load.seconds_per_token = prefill_s / computed
+        self._pool_of(load).touch(load)
 
     def shipped(self, worker: WorkerSpec, kv_bytes: int) -> None:
         if worker.role == "prfaas":
@@ -123,15 +158,21 @@ class LiveCluster:
         return self.monitor.egress_bytes_per_s() * 8 / 1e9
 
     def view(self) -> LiveView:
-        return LiveView(self, self._clock() - self._t0)
+        now = self._clock()
+        return LiveView(self, now - self._t0, now)
+
+
+def _role(w: WorkerSpec) -> Role:
+    return "prefill" if w.is_prefill else "decode"
 
 
 class LiveView:
     """A `ClusterView` over the router's bookkeeping at one instant."""
 
-    def __init__(self, cluster: LiveCluster, now_s: float) -> None:
+    def __init__(self, cluster: LiveCluster, now_s: float, now: float | None = None) -> None:
         self._c = cluster
         self._now_s = now_s
+        self._now = now  # the monotonic clock at now_s (None: read it per worker)
 
     @property
     def now_s(self) -> float:
@@ -139,6 +180,9 @@ class LiveView:
 
     def instances(self, cluster: str | None = None, role: Role | None = None
                   ) -> Sequence[InstanceLoad]:
+        if cluster is not None and role is not None and self._now is not None:
+            pool = self._c.pool(cluster, role)
+            return LivePoolView(pool, self._now) if pool is not None else []
         out = []
         for load in self._c.loads.values():
             w = load.spec
@@ -149,7 +193,7 @@ class LiveView:
                 continue
             free = max(w.max_batch - load.inflight, 0) if w_role == "decode" else 0
             out.append(InstanceLoad(w.name, w.cluster, w_role, queued_requests=load.inflight,
-                                    queued_work_s=self._c.queued_work_s(w.name),
+                                    queued_work_s=self._c.queued_work_s(w.name, self._now),
                                     running=load.inflight, free_slots=free))
         return out
 
