@@ -1,4 +1,4 @@
-"""The live router's ranked view (serve/live_pool.py): after random starts, finishes,
+"""The live router's ranked view (serve/router/live_pool.py): after random starts, finishes,
 measurements and workers going down and up, every decision of the shipped policies on the
 ranked pools equals the decision on a plain scan of the same loads; a pool that misses one
 change is caught (negative control)."""
@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
-from prfaas.serve.cluster import LiveCluster, LiveView
-from prfaas.serve.model import engine_config, kv_geometry
 
 from prfaas.core.types import InstanceLoad, RequestInfo, Role, RouteQuery
 from prfaas.models.profile import PrefillTime
 from prfaas.policy.base import make_router
 from prfaas.scenario import load_scenario
+from prfaas.serve.engines import engine_backend
+from prfaas.serve.router.cluster import LiveCluster, LiveView
 from prfaas.serve.topology import WorkerSpec, load_topology
 
 
@@ -40,7 +40,7 @@ def _cluster(rng: random.Random, clock: list[float], models: bool) -> LiveCluste
                 hw = s.hardware["h200" if w.role == "prfaas" else "h20"]
                 assert hw.prefill is not None
                 profiles[w.name] = hw.prefill
-    return LiveCluster(topo, kv_geometry(topo.model, engine_config(topo.model)), profiles,
+    return LiveCluster(topo, engine_backend(topo).card().kv, profiles,
                        clock=lambda: clock[0])
 
 

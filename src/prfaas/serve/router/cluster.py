@@ -19,7 +19,7 @@ dispatched but not yet delivered. The PrfaaS queue is each worker's in-flight re
 their predicted prefill seconds. Workers the membership layer holds down are left out of
 `instances`, so a policy never picks one. The clock is read here, never in the policy: `now_s` is a
 snapshot taken when the view is built, and every worker's queued work is read at that instant.
-`instances(cluster, role)` is a `RankedPool` (serve/live_pool.py) that this bookkeeping keeps
+`instances(cluster, role)` is a `RankedPool` (serve/router/live_pool.py) that this bookkeeping keeps
 ranked as requests start and finish, workers measure themselves and go down or up, so the
 policy's decision reads a few workers, not all, and decides as a scan of them would.
 """
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from prfaas.core.types import InstanceLoad, LinkStatus, Role
 from prfaas.models.kv import KVGeometry
 from prfaas.models.profile import PrefillTime
-from prfaas.serve.live_pool import LivePool, LivePoolView
+from prfaas.serve.router.live_pool import LivePool, LivePoolView
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.transport import LinkMonitor
 
