@@ -68,7 +68,8 @@ def series(csv_path: Path, kv_bytes: Any, horizon_s: float) -> dict[str, list[fl
             "ttft_p50_s": [round(x, 3) for x in p50], "ttft_p90_s": [round(x, 3) for x in p90]}
 
 
-def plot(curves: dict[str, list[float]], planned_gbps: float, path: Path) -> None:
+def plot(curves: dict[str, list[float]], planned_gbps: float, path: Path,
+         split: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,7 +89,7 @@ def plot(curves: dict[str, list[float]], planned_gbps: float, path: Path) -> Non
     ax2.set_ylabel("TTFT (s), by arrival minute")
     ax2.legend(fontsize=8)
     ax2.grid(alpha=0.3)
-    fig.suptitle("datacenter-10k (417 PrfaaS + 373 PD-P + 460 PD-D), prfaas_pd, 1 hour")
+    fig.suptitle(f"datacenter-10k ({split}), prfaas_pd, simulated hour at 90% of capacity")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -117,7 +118,7 @@ def main() -> None:
         plan = plan_all(s, mode="exact", only={"prfaas_pd"}).systems["prfaas_pd"]
         curves = series(Path(tmp) / "requests.csv", s.kv.bytes_for, summary["simulated_s"])
     planned_gbps = float(plan.egress_gbps or 0.0)
-    plot(curves, planned_gbps, PLOT)
+    plot(curves, planned_gbps, PLOT, f"{plan.n_prfaas} PrfaaS + {plan.n_p} PD-P + {plan.n_d} PD-D")
     steady = [g for t, g in zip(curves["window_start_s"], curves["egress_gbps"], strict=True)
               if 600 <= t < args.duration - WINDOW_S]
     result = {
