@@ -6,6 +6,7 @@ import signal
 import time
 from dataclasses import replace
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,7 +14,25 @@ from prfaas.core.errors import ConfigError
 from prfaas.security.apikey import check_key
 from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.router.service import build_policy
-from prfaas.serve.topology import load_topology
+from prfaas.serve.topology import Topology, load_topology
+
+if TYPE_CHECKING:
+    from prfaas.serve.deploy.ray.deployment import RayDeployment as RayDeploymentT
+    from prfaas.serve.deploy.ray.spec import RaySpec as RaySpecT
+
+
+def _deployment(topo: Topology, log_dir: str | None, key: str | None, ray_address: str | None,
+                ray_spec: RaySpecT | None) -> Deployment | RayDeploymentT:
+    def log(m: str) -> None:
+        click.echo(f"launcher: {m}", err=True)
+
+    if ray_address is None:
+        return Deployment(topo, log_dir, log=log, api_key=key)
+    from prfaas.serve.deploy.ray.deployment import RayDeployment
+    from prfaas.serve.deploy.ray.spec import RaySpec
+
+    return RayDeployment(topo, ray_spec or RaySpec(), ray_address, log_dir=log_dir, log=log,
+                         api_key=key)
 
 
 class _Stop(Exception):
@@ -45,15 +64,23 @@ def _raise_stop(signum: int, _: FrameType | None) -> None:
               help="With --scenario: prfaas_pd | homogeneous_pd | naive_heterogeneous.")
 @click.option("--scales", "scales_text", default=None, metavar="time=A,bytes=B,tokens=D,output=G",
               help="With --scenario: the emulation's unit scales (docs/emulated.md).")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="Run the router and workers on the Ray cluster at ADDRESS (host:port of its "
+              "GCS), placed by the topology's `ray:` resources (docs/deploy.md).")
 def command(topology_path: str | None, port: int | None, policy: str | None,
             api_key: str | None, protect_metrics: bool,
             threshold_tokens: int | None, log_dir: str | None, scenario_name: str | None,
-            system: str, scales_text: str | None) -> None:
+            system: str, scales_text: str | None, ray_address: str | None) -> None:
     """Start the router and every worker of the topology as processes on this host."""
+    ray_spec = None
     if scenario_name is not None:
         from prfaas.emulated.cli import scenario_topology
 
         topo = scenario_topology(scenario_name, system, scales_text, topology_path)
+    elif ray_address is not None:  # the file may carry a `ray:` section (placement)
+        from prfaas.serve.deploy.ray.spec import load_ray_topology
+
+        topo, ray_spec = load_ray_topology(topology_path)
     else:
         topo = load_topology(topology_path)
     if port is not None:
@@ -69,8 +96,7 @@ def command(topology_path: str | None, port: int | None, policy: str | None,
     if protect_metrics:
         topo = replace(topo, security=replace(topo.security, metrics="protected"))
     key = check_key(api_key, "--api-key") if api_key is not None else None
-    deployment = Deployment(topo, log_dir, log=lambda m: click.echo(f"launcher: {m}", err=True),
-                            api_key=key)
+    deployment = _deployment(topo, log_dir, key, ray_address, ray_spec)
     # SIGINT too, explicitly: a process started in the background of a non-interactive shell
     # (CI scripts, `cmd &`) inherits SIGINT ignored, and Python then leaves it ignored, so
     # `kill -INT` would not stop the deployment
@@ -79,8 +105,10 @@ def command(topology_path: str | None, port: int | None, policy: str | None,
         click.echo(f"starting {len(topo.workers)} workers + router of '{topo.name}' "
                    f"(logs in {deployment.log_dir})")
         deployment.start()
+        nodes = {} if isinstance(deployment, Deployment) else deployment.info()
         for w in deployment.topology.workers:
-            click.echo(f"  {w.name:<12} {w.role:<7} {w.url}")
+            where = f"  node {nodes[w.name]['node_id'][:12]}" if w.name in nodes else ""
+            click.echo(f"  {w.name:<12} {w.role:<7} {w.url}{where}")
         click.echo(f"router: {deployment.url}  (policy {topo.policy} {topo.policy_args}); "
                    "Ctrl-C stops everything")
         while True:  # the supervisor restarts what exits; only a signal ends the deployment

@@ -38,6 +38,7 @@ log = logging.getLogger("prfaas.serve.router.membership")
 class WorkerHealth:
     up: bool = True  # the deployment waited for every worker's /health before the router
     pid: int | None = None
+    node_id: str | None = None  # where a cluster manager placed it (serve/placement.py)
     failures: int = 0  # consecutive failed checks
     successes: int = 0  # consecutive good checks
     restarts: int = 0  # new pids seen
@@ -73,7 +74,7 @@ class Membership:
         return self.states[name].down_event
 
     def to_json(self) -> dict[str, Any]:
-        return {n: {"up": s.up, "pid": s.pid, "restarts": s.restarts,
+        return {n: {"up": s.up, "pid": s.pid, "node_id": s.node_id, "restarts": s.restarts,
                     "transitions": s.transitions, "last_error": s.last_error}
                 for n, s in self.states.items()}
 
@@ -148,7 +149,9 @@ class Membership:
                     body = {"ok": resp.status == 200}
                 if resp.status != 200 or not isinstance(body, dict) or not body.get("ok"):
                     raise ValueError(f"/health answered HTTP {resp.status}")
-                pid = body.get("pid")
+                pid, node_id = body.get("pid"), body.get("node_id")
+                if isinstance(node_id, str):
+                    self.states[worker.name].node_id = node_id
                 self.observe(worker.name, pid if isinstance(pid, int) else None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             self.observe(worker.name, None, f"{type(exc).__name__}: {exc}" if str(exc)

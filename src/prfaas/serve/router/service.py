@@ -26,6 +26,7 @@ from prfaas.cache import GlobalKVCacheManager
 from prfaas.policy.base import Router, make_router
 from prfaas.security.apikey import api_key_middleware
 from prfaas.serve.engines import EngineBackend, engine_backend
+from prfaas.serve.placement import node_label
 from prfaas.serve.router.backends import make_backend
 from prfaas.serve.router.cluster import LiveCluster
 from prfaas.serve.router.dispatch import Dispatcher, Outcome
@@ -122,7 +123,7 @@ class RouterService:
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True, "name": "router", "role": "router",
-                                  "pid": os.getpid(),
+                                  "pid": os.getpid(), **node_label(),
                                   "workers": [w.name for w in self.topology.workers],
                                   "policy": self.policy.name,
                                   "degraded": self.membership.degraded,

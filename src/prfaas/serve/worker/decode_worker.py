@@ -29,6 +29,7 @@ from prfaas.core.errors import ConfigError, PrfaasError, TransportError
 from prfaas.engine import EngineBase, SamplingParams, SequenceKV
 from prfaas.engine.sampling import Sampled
 from prfaas.models.engine_config import LAYER_KINDS
+from prfaas.serve.placement import node_label
 from prfaas.serve.stops import StopText
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.serve.worker.batcher import Active, Batcher
@@ -118,7 +119,8 @@ class DecodeWorker:
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True, "name": self.spec.name, "role": self.spec.role,
-                                  "pid": os.getpid(), "kv_port": self.receiver.port})
+                                  "pid": os.getpid(), "kv_port": self.receiver.port,
+                                  **node_label()})
 
     async def metrics(self, _: web.Request) -> web.Response:
         return worker_metrics({"kv": self.receiver.stats.tls_refused}, self.integrity_failures)

@@ -27,6 +27,7 @@ from aiohttp import web
 from prfaas.core.errors import ConfigError, TransportError
 from prfaas.engine import EngineBase, LayerKV, SequenceKV
 from prfaas.engine.sampling import MAX_LOGPROBS, prompt_logprobs
+from prfaas.serve.placement import node_label
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.serve.worker.kvship import layer_arrays, meta_arrays, reframe
 from prfaas.serve.worker.manifest import Binding, ManifestBuilder, model_identity
@@ -70,7 +71,7 @@ class PrefillWorker:
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True, "name": self.spec.name, "role": self.spec.role,
-                                  "pid": os.getpid()})
+                                  "pid": os.getpid(), **node_label()})
 
     async def metrics(self, _: web.Request) -> web.Response:
         return worker_metrics({"http": self.http_refusals.count})

@@ -1,0 +1,63 @@
+"""Wall time of `prfaas capacity --json` locally and with `--ray` on a 3-node Ray cluster that
+this script starts on this host (one CPU each; never `ray stop`; no usage statistics), and
+whether the JSON is equal. Writes benchmarks/results/capacity_ray.json.
+
+    PYTHONPATH=src python benchmarks/bench_capacity_ray.py [--requests 4000] [capacity flags]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "results" / "capacity_ray.json"
+
+
+def _port_above_20000() -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port: int = s.getsockname()[1]
+        if port > 20000:
+            return port
+
+
+def main(argv: list[str]) -> None:
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    from ray.cluster_utils import Cluster
+
+    args = argv or ["--requests", "4000"]
+    common = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
+    cluster = Cluster(initialize_head=True, head_node_args={
+        **common, "resources": {"router": 1}, "gcs_server_port": _port_above_20000(),
+        "include_dashboard": False, "dashboard_agent_listen_port": _port_above_20000()})
+    runs: dict[str, dict[str, object]] = {}
+    try:
+        for resource in ("dc_prfaas", "dc_local"):
+            cluster.add_node(**common, resources={resource: 1})
+        cluster.wait_for_nodes()
+        for label, extra in (("local", []), ("ray", ["--ray", cluster.address])):
+            cmd = [sys.executable, "-m", "prfaas", "capacity", "--json", *args, *extra]
+            t0 = time.perf_counter()
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs[label] = {"wall_s": round(time.perf_counter() - t0, 2),
+                           "result": json.loads(done.stdout)}
+            print(label, runs[label]["wall_s"], "s", flush=True)
+    finally:
+        cluster.shutdown()
+    report = {"args": args, "cluster": "3 nodes x 1 CPU on this host",
+              "local_wall_s": runs["local"]["wall_s"], "ray_wall_s": runs["ray"]["wall_s"],
+              "equal": runs["local"]["result"] == runs["ray"]["result"],
+              "probes": len(runs["local"]["result"]["probes"]),  # type: ignore[index]
+              "max_rps": runs["local"]["result"]["max_rps"]}  # type: ignore[index]
+    OUT.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,146 @@
+"""One prfaas component (a worker or the router) as a process owned by a Ray actor.
+
+The actor runs today's `python -m prfaas.serve.deploy.proc` unchanged, so the workers' HTTP and
+KV transport are prfaas's own and nothing of them passes through Ray. Its contract:
+- `__init__` reads the resolved topology from the deployment's TopologyStore; on the first start
+  it is not there yet (the driver resolves hosts and ports from `where()` first, then calls
+  `launch`), on a restart it is, so the process starts again at once at the same address.
+- the child exits -> the actor exits with it (os._exit), so Ray restarts the actor
+  (max_restarts) and with it the process: Ray, not prfaas's supervisor, does the restarting.
+- the actor dies (its node, a kill) -> the child gets SIGKILL (PR_SET_PDEATHSIG), so no
+  process outlives its actor and a restart finds its port free.
+The child's environment carries PRFAAS_NODE_ID, which its /health reports (serve/placement.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from prfaas.serve.placement import NODE_ID_ENV
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """`count` distinct ports free on `host` now (held together, so none repeats)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@ray.remote(num_cpus=0)
+class TopologyStore:
+    """The resolved topology (YAML text) every component actor reads when it (re)starts."""
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+
+    def put(self, text: str) -> None:
+        self.text = text
+
+    def get(self) -> str | None:
+        return self.text
+
+
+class ComponentActor:
+    """Owns the process of component `name`; see the module docstring."""
+
+    def __init__(self, name: str, store: Any, log_dir: str, env: dict[str, str]) -> None:
+        self.name, self.log_dir, self.env = name, Path(log_dir), env
+        ctx = ray.get_runtime_context()
+        self.node_id: str = ctx.get_node_id()
+        self.ip: str = ray.util.get_node_ip_address()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopping = False
+        self.restarted = ctx.was_current_actor_reconstructed
+        text = ray.get(store.get.remote())
+        if text is not None:  # a restart: the deployment is already resolved
+            self.launch(text)
+
+    def where(self, num_ports: int) -> dict[str, Any]:
+        """The node this actor landed on, and ports free there for the component to use."""
+        return {"node_id": self.node_id, "ip": self.ip, "ports": free_ports(self.ip, num_ports)}
+
+    def launch(self, topology_text: str) -> int:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / f"topology.{self.name}.yaml"  # this node's copy
+        path.write_text(topology_text)
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", NODE_ID_ENV: self.node_id}
+        with open(self.log_dir / f"{self.name}.log", "ab") as log:
+            log.write(f"--- {time.strftime('%H:%M:%S')} start on node {self.node_id} "
+                      f"(actor restarted: {self.restarted})\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "prfaas.serve.deploy.proc", "--topology", str(path),
+                 "--name", self.name], stdout=log, stderr=subprocess.STDOUT, env=env,
+                preexec_fn=_die_with_parent)
+        threading.Thread(target=self._watch, args=(self.proc,), daemon=True).start()
+        return self.proc.pid
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        if not self.stopping:  # it died: so does the actor, and Ray restarts both
+            with open(self.log_dir / f"{self.name}.log", "ab") as log:
+                log.write(f"--- exited with code {code}; the actor exits for Ray to "
+                          "restart it\n".encode())
+            os._exit(1)
+
+    def wait_healthy(self, url: str, timeout_s: float) -> int:
+        """Poll the component's /health from its own node until it answers; its pid."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}:\n"
+                                   f"{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1.0) as resp:
+                    if resp.status == 200:
+                        return self.proc.pid
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def info(self) -> dict[str, Any]:
+        pid = self.proc.pid if self.proc is not None else None
+        return {"name": self.name, "pid": pid, "node_id": self.node_id, "ip": self.ip}
+
+    def log_tail(self, num_bytes: int = 3000) -> str:
+        path = self.log_dir / f"{self.name}.log"
+        return path.read_bytes()[-num_bytes:].decode(errors="replace") if path.exists() else ""
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.stopping = True
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
