@@ -128,6 +128,9 @@ def live(url: str, model: str, workload: Workload, pids: list[int], seed: int) -
     nan = float("nan")
     arrival = np.array([r.sent_s for r in results])
     ready = np.array([_kv_ready_s(r) for r in results])
+    if any(r.ok for r in results) and not np.isfinite(ready).any():
+        raise RuntimeError("no live request carried the decoder's kv_ready_unix_s stamp: "
+                           "the capacity search cannot judge this backend")
     client_ready = np.array([r.sent_s + r.ttft_s if r.ok and r.ttft_s is not None else nan
                              for r in results])
     finish = np.array([r.sent_s + r.e2e_s if r.ok and r.e2e_s is not None else nan
