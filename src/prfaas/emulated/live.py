@@ -60,7 +60,7 @@ class LiveOptions:
 # a probe of ~80-240 requests: shorter ones misjudge heavy-tailed systems (homogeneous PD's
 # long local prefills) as overloaded at half their capacity (checked on the simulator)
 QUICK = LiveOptions(start_rps=1.0, probe_s=16.0, min_requests=80, max_requests=240,
-                    ttft_requests=120, max_probes=14, rel_tol=0.02, own_shares=(0.7,))
+                    ttft_requests=120, max_probes=14, rel_tol=0.02, own_shares=())
 FULL = LiveOptions(start_rps=1.0, probe_s=32.0, min_requests=160, max_requests=480,
                    ttft_requests=240, max_probes=16, rel_tol=0.02, own_shares=(0.9, 0.7))
 STEPS_PER_SYSTEM = 2 + 12 + 3  # sim, start, ~probes, TTFT runs (progress only)
