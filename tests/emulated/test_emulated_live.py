@@ -44,6 +44,10 @@ def test_emulated_prfaas_pd_serves_exact_tokens_in_profile_time(tmp_path: Path) 
         prefill_s = hw[route].require_prefill().seconds(n)
         assert r.prfaas["prefill_s"] >= 0.95 * prefill_s  # the sleep really happened
         assert r.ttft_s is not None and r.ttft_s >= prefill_s
+        # "ready" of the capacity searches: the decoder held the KV after the prefill's sleep
+        # and before the client saw the first token (one host, one wall clock)
+        kv_ready = r.prfaas["kv_ready_unix_s"] - r.sent_unix_s
+        assert 0.95 * prefill_s <= kv_ready <= r.ttft_s
         # decode: out_tokens - 1 steps of the decode profile's step (batch of <= 2 here)
         step = hw["pd"].require_decode().step_at(1)
         assert r.e2e_s is not None and r.e2e_s - r.ttft_s >= 0.9 * (out_tokens - 1) * step

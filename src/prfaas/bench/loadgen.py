@@ -28,6 +28,7 @@ class Result:
     input_bytes: int
     max_tokens: int
     sent_s: float = 0.0  # relative to the run's start
+    sent_unix_s: float = 0.0  # wall clock at sending (to place a server's wall-clock stamps)
     ttft_s: float | None = None
     e2e_s: float | None = None
     output_tokens: int = 0
@@ -55,7 +56,8 @@ class Result:
 
 async def _one(session: aiohttp.ClientSession, url: str, model: str, index: int,
                req: BenchRequest, t_run: float, timeout_s: float) -> Result:
-    res = Result(index, len(req.prompt), req.max_tokens, sent_s=time.perf_counter() - t_run)
+    res = Result(index, len(req.prompt), req.max_tokens, sent_s=time.perf_counter() - t_run,
+                 sent_unix_s=time.time())
     body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens,
             "temperature": 0, "stream": True, "ignore_eos": True}
     t0 = time.perf_counter()

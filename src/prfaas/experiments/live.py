@@ -1,14 +1,19 @@
 """`prfaas reproduce --live`: each system of a scenario as a live emulated deployment, its
 capacity searched by live probes, beside the simulator on the same topology and scales.
 
-Per system: (1) the simulator's capacity with the live protocol (probe.Search over the same
-probe workloads, probe.judge) and with the simulator's own 4000-request search
-(sim/capacity.py); (2) the deployment starts (emulated.topology) and a live search runs from
-the simulator's figure (it only sets where the search starts; every verdict is live);
-(3) TTFT runs at one common load (90% of the smallest simulated capacity), at 90% and at 70%
-of the system's own live capacity, each run live and simulated on the same workload. Rates and
-times are reported in scenario units (live req/s x time scale, live s / time scale) and in live
-units; the mapping is scales.py's.
+Per system: (1) the simulator's capacity by probe.Search over the probe workloads below, and
+its own 4000-request search (sim/capacity.py, a reference); (2) the deployment starts
+(emulated.topology) and the same probe.Search runs live. Both searches start at
+`LiveOptions.start_rps` (a fixed rate, the same for every system and scenario: neither side is
+given the other's answer, nor the planner's), double until a probe is unsustained, then bisect
+until the bracket is at most `rel_tol` wide. A probe at rate r has
+clamp(r x probe_s, min_requests, max_requests) requests (live seconds), the same workload on
+both sides; probe.judge gives the verdict from the same event on both sides: the KV of each
+request held by its decoder (simulator: `kv_ready_s`; live: the decode worker's stamp, see
+runs.py). (3) TTFT runs at one common load (90% of the smallest simulated capacity) and at
+shares of the system's own live capacity, live and simulated on the same workload. Rates and
+times are in scenario units (live req/s x time scale, live s / time scale) and in live units;
+the mapping is scales.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 from prfaas.bench.calibration import per_request_error
 from prfaas.emulated.scales import Scales
 from prfaas.emulated.topology import EmulatedSystem, emulated_system
-from prfaas.experiments.probe import Search
+from prfaas.experiments.probe import Bracket, ProbeResult, Search, stats
 from prfaas.experiments.runs import RunRecord, deployed, live, probe_workload, simulated
 from prfaas.planner.search import plan_all
 from prfaas.scenario import Scenario
@@ -29,25 +34,48 @@ from prfaas.sim.capacity import find_capacity
 from prfaas.workload.arrivals import make_arrivals
 
 SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
-COMMON_SHARE, OWN_SHARES = 0.9, (0.9, 0.7)
+COMMON_SHARE = 0.9
 PROBE_SEED, TTFT_SEED = 0, 1
 
 
 @dataclass(frozen=True)
 class LiveOptions:
-    requests: int  # per capacity probe
+    start_rps: float  # scenario req/s: where both searches start (fixed, never an estimate)
+    probe_s: float  # live seconds of arrivals per probe, within the request bounds below
+    min_requests: int
+    max_requests: int
     ttft_requests: int  # per TTFT run
     max_probes: int
-    rel_tol: float
-    step: float = 1.06
+    rel_tol: float  # the bracket's width (unsustained - sustained) / sustained at the end
+    own_shares: tuple[float, ...]  # TTFT runs at these shares of the live capacity
+
+    def requests_for(self, rate_live_rps: float) -> int:
+        return int(min(max(round(rate_live_rps * self.probe_s), self.min_requests),
+                       self.max_requests))
 
     def to_json(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {**vars(self), "own_shares": list(self.own_shares)}
 
 
-QUICK = LiveOptions(requests=240, ttft_requests=120, max_probes=5, rel_tol=0.04)
-FULL = LiveOptions(requests=480, ttft_requests=240, max_probes=8, rel_tol=0.02)
-STEPS_PER_SYSTEM = 2 + QUICK.max_probes + 3  # sim, start, probes, TTFT runs (progress only)
+# a probe of ~80-240 requests: shorter ones misjudge heavy-tailed systems (homogeneous PD's
+# long local prefills) as overloaded at half their capacity (checked on the simulator)
+QUICK = LiveOptions(start_rps=1.0, probe_s=16.0, min_requests=80, max_requests=240,
+                    ttft_requests=120, max_probes=14, rel_tol=0.02, own_shares=())
+FULL = LiveOptions(start_rps=1.0, probe_s=32.0, min_requests=160, max_requests=480,
+                   ttft_requests=240, max_probes=16, rel_tol=0.02, own_shares=(0.9, 0.7))
+STEPS_PER_SYSTEM = 2 + 12 + 3  # sim, start, ~probes, TTFT runs (progress only)
+
+
+METHOD = {
+    "search": "probe.Search on both sides: start at options.start_rps, double until a probe "
+              "is unsustained, bisect until (unsustained - sustained) / sustained <= rel_tol; "
+              "neither side is given the other's capacity or the planner's",
+    "ready": "the request's KV held by its decoder (its first token is then sampled): "
+             "simulator kv_ready_s; live the decode worker's wall-clock stamp, on the "
+             "client's clock (one host)",
+    "sustained": "probe.judge: ready-event throughput in the steady window >= 98% of the "
+                 "offered rate, no queue growth, every request completed",
+    "live_capacity_rps": "the highest sustained live probe (scenario units)"}
 
 
 def _run_json(rec: RunRecord, a: float) -> dict[str, Any]:
@@ -60,6 +88,9 @@ def _run_json(rec: RunRecord, a: float) -> dict[str, Any]:
            "ttft_s": {k: round(v / a, 4) for k, v in r.ttft_s.items()},
            "e2e_s": {k: round(v / a, 4) for k, v in r.e2e_s.items()},
            "offload_fraction": round(float(rec.remote.mean()), 4)}
+    if rec.client_ready_s is not None:  # live: the client's first token, for reference
+        out["client_ttft_s"] = {k: round(v / a, 4) for k, v in
+                                stats(rec.client_ready_s - rec.arrival_s).items()}
     if rec.cpu_share is not None:
         out.update(cpu_share=round(rec.cpu_share, 4), loadavg_1m=rec.loadavg,
                    errors=rec.errors)
@@ -78,23 +109,27 @@ class SystemRun:
         s = es.scaled.scenario
         self.lengths, self.out_tokens = s.lengths, s.output_tokens
         self.a = es.scaled.scales.time
+        self.start_live_rps = options.start_rps / self.a
         self.pairs: dict[str, tuple[RunRecord, RunRecord]] = {}
 
     def workload(self, rate: float, seed: int, n: int | None = None) -> Any:
-        return probe_workload(self.lengths, self.out_tokens, rate, n or self.options.requests,
-                              seed)
+        return probe_workload(self.lengths, self.out_tokens, rate,
+                              n or self.options.requests_for(rate), seed)
 
-    def sim_capacity(self, guess: float) -> tuple[float, list[Any], float]:
-        search = Search(lambda r: simulated(self.es.sim_config, self.workload(r, PROBE_SEED)
-                                            ).result, guess, step=1.08, rel_tol=0.005,
-                        max_probes=24)
-        same = search.run()
+    def search(self, probe: Callable[[float], ProbeResult]) -> Search:
+        o = self.options
+        return Search(probe, self.start_live_rps, rel_tol=o.rel_tol, max_probes=o.max_probes)
+
+    def sim_capacity(self, planner_rps: float) -> tuple[Search, Bracket, float]:
+        search = self.search(lambda r: simulated(self.es.sim_config,
+                                                 self.workload(r, PROBE_SEED)).result)
+        bracket = search.run()
         standard = find_capacity(self.es.sim_config, self.lengths, self.out_tokens,
                                  make_arrivals("uniform"), requests=4000, seed=0,
-                                 guess_rps=guess).max_rps
-        return same, search.probes, standard
+                                 guess_rps=planner_rps).max_rps
+        return search, bracket, standard
 
-    def live_phase(self, start_rps: float, common_rps: float) -> dict[str, Any]:
+    def live_phase(self, common_rps: float) -> dict[str, Any]:
         with deployed(self.es.topology, self.log_dir) as dep:
             self.tick(f"{self.es.system}: deployment up")
             pids = [p.pid for p in dep.procs.values()]
@@ -111,16 +146,16 @@ class SystemRun:
                           f"{'ok' if r.sustainable else 'over'}")
                 return rec
 
-            search = Search(lambda r: run("probe", r, PROBE_SEED).result, start_rps,
-                            step=self.options.step, rel_tol=self.options.rel_tol,
-                            max_probes=self.options.max_probes)
-            capacity = search.run()
+            search = self.search(lambda r: run("probe", r, PROBE_SEED).result)
+            bracket = search.run()
+            capacity = bracket.sustained_rps or 0.0
             for label, rate in (("common", common_rps),
-                                *((f"own{round(100 * f)}", f * capacity) for f in OWN_SHARES)):
+                                *((f"own{round(100 * f)}", f * capacity)
+                                  for f in self.options.own_shares)):
                 if rate > 0:
                     rec = run(label, rate, TTFT_SEED, self.options.ttft_requests)
                     self.pairs[label] = (rec, runs[-1][2])
-        return {"capacity_live_rps": capacity, "runs": runs}
+        return {"bracket": bracket, "runs": runs}
 
     def _model_name(self) -> str:
         from prfaas.emulated.backend import emulated_config
@@ -136,43 +171,70 @@ def reproduce_live(scenario: Scenario, out_dir: Path, options: LiveOptions,
     plans = plan_all(scenario, mode="exact")
     systems = {n: SystemRun(emulated_system(scenario, n, sc), options, tick,
                             out_dir / "logs" / n if keep_logs else None) for n in SYSTEMS}
-    sims: dict[str, tuple[float, list[Any], float]] = {}
+    sims: dict[str, tuple[Search, Bracket, float]] = {}
     for name, sr in systems.items():
         sims[name] = sr.sim_capacity(plans.systems[name].lambda_max / sc.time)
         tick(f"{name}: simulated capacity")
-    common = COMMON_SHARE * min(v[0] for v in sims.values())
+    common = COMMON_SHARE * min(v[1].sustained_rps or 0.0 for v in sims.values())
     out: dict[str, Any] = {}
     for name, sr in systems.items():
-        phase = sr.live_phase(sims[name][0], common)
+        phase = sr.live_phase(common)
         out[name] = _system_json(sr, phase, sims[name], plans.systems[name].lambda_max, sc)
     return _result(scenario, sc, options, out, common * sc.time, plans)
 
 
-def _system_json(sr: SystemRun, phase: dict[str, Any], sim: tuple[float, list[Any], float],
+def _bracket_json(b: Bracket, a: float) -> list[float | None]:
+    return [None if v is None else round(v * a, 5) for v in (b.sustained_rps,
+                                                             b.unsustained_rps)]
+
+
+def _probe_json(p: ProbeResult, a: float) -> dict[str, Any]:
+    return {"rate_rps": round(p.rate_rps * a, 5), "sustained": p.sustainable,
+            "throughput_rps": round(p.throughput_rps * a, 5),
+            "queue_growth": round(p.queue_growth, 3), "completed": p.completed,
+            "requests": p.requests}
+
+
+def _system_json(sr: SystemRun, phase: dict[str, Any], sim: tuple[Search, Bracket, float],
                  planner_rps: float, sc: Scales) -> dict[str, Any]:
     a = sc.time
-    cap = phase["capacity_live_rps"]
+    bracket: Bracket = phase["bracket"]
+    sim_search, sim_bracket, sim_4000 = sim
+    cap, sim_cap = bracket.sustained_rps, sim_bracket.sustained_rps
     ttft = {}
     for label, (rec, srec) in sr.pairs.items():
         ttft[label] = {"live": _run_json(rec, a), "sim": _run_json(srec, a),
                        "live_egress_gbps": round(egress_gbps(rec, sc), 3),
                        "sim_egress_gbps": round(egress_gbps(srec, sc), 3)}
-    probes = [{"kind": label, "live": _run_json(rec, a), "sim": _run_json(srec, a)}
-              for label, rec, srec in phase["runs"]]
+    runs = [{"kind": label, "live": _run_json(rec, a), "sim": _run_json(srec, a)}
+            for label, rec, srec in phase["runs"]]
+    # each live probe with the simulator's verdict on the very same workload beside it
+    probes = [{**_probe_json(rec.result, a), "sim_same_workload": {
+                  "sustained": srec.result.sustainable,
+                  "throughput_rps": round(srec.result.throughput_rps * a, 5)}}
+              for label, rec, srec in phase["runs"] if label == "probe"]
     return {
-        "live_capacity_rps": round(cap * a, 4), "live_capacity_live_rps": round(cap, 4),
-        "sim_capacity_rps": round(sim[0] * a, 4), "sim_capacity_4000_rps": round(sim[2] * a, 4),
+        "live_capacity_rps": None if cap is None else round(cap * a, 4),
+        "live_capacity_live_rps": None if cap is None else round(cap, 4),
+        "bracket_rps": _bracket_json(bracket, a),
+        "bracket_width": None if bracket.width is None else round(bracket.width, 4),
+        "converged": bracket.converged, "probes": probes,
+        "sim_capacity_rps": None if sim_cap is None else round(sim_cap * a, 4),
+        "sim_bracket_rps": _bracket_json(sim_bracket, a),
+        "sim_bracket_width": None if sim_bracket.width is None else round(sim_bracket.width, 4),
+        "sim_converged": sim_bracket.converged,
+        "sim_probes": [_probe_json(p, a) for p in sim_search.probes],
+        "sim_capacity_4000_rps": round(sim_4000 * a, 4),
         "planner_exact_rps": round(planner_rps, 4),
-        "live_over_sim": round(cap / sim[0], 4) if sim[0] else None,
+        "live_over_sim": round(cap / sim_cap, 4) if cap and sim_cap else None,
         "topology": {"workers": len(sr.es.topology.workers),
                      "link": sr.es.topology.link.emulation,
                      "link_gbps_live": sr.es.topology.link.rate_gbps,
                      "policy": sr.es.topology.policy, "policy_args": sr.es.topology.policy_args},
         "sim_config": sr.es.sim_config.describe(),
         "ttft_common": ttft.get("common"), "ttft_own90": ttft.get("own90"),
-        "ttft_own70": ttft.get("own70"),
-        "sim_probes": [p.to_json() for p in sim[1]], "runs": probes,
-        "max_cpu_share": max((r["live"].get("cpu_share", 0.0) for r in probes), default=None),
+        "ttft_own70": ttft.get("own70"), "runs": runs,
+        "max_cpu_share": max((r["live"].get("cpu_share", 0.0) for r in runs), default=None),
         "calibration": calibration(sr.pairs, a),
     }
 
@@ -190,13 +252,15 @@ def calibration(pairs: dict[str, tuple[RunRecord, RunRecord]], a: float) -> dict
 def _result(scenario: Scenario, sc: Scales, options: LiveOptions, systems: dict[str, Any],
             common_rps: float, plans: Any) -> dict[str, Any]:
     base = systems["homogeneous_pd"]
-    ratio = {n: round(v["live_capacity_rps"] / base["live_capacity_rps"], 4)
-             if base["live_capacity_rps"] else None for n, v in systems.items()}
-    sim_ratio = {n: round(v["sim_capacity_rps"] / base["sim_capacity_rps"], 4)
-                 for n, v in systems.items()}
+
+    def ratios(key: str) -> dict[str, float | None]:
+        return {n: round(v[key] / base[key], 4) if v[key] and base[key] else None
+                for n, v in systems.items()}
+
+    ratio, sim_ratio = ratios("live_capacity_rps"), ratios("sim_capacity_rps")
     return {"scenario": scenario.name, "backend": "emulated", "scales": sc.to_json(),
             "options": options.to_json(), "common_rps": round(common_rps, 4),
             "live_ratio": ratio["prfaas_pd"], "live_ratios": ratio, "sim_ratios": sim_ratio,
-            "systems": systems,
+            "method": METHOD, "systems": systems,
             "units": "rates in scenario req/s (live x time scale), times in scenario s "
                      "(live / time scale), egress in scenario Gbps"}

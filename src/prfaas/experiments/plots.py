@@ -29,6 +29,6 @@ def live_vs_sim(result: dict[str, Any], path: Path) -> Path:
         top = max(top, *x)
     ax.plot([0, top], [0, top], color="grey", ls=":", label="throughput = offered")
     return finish_axes(fig, ax, "offered load (scenario req/s)",
-                       "first-token throughput (scenario req/s)",
+                       "ready throughput: KV at the decoder (scenario req/s)",
                        f"{result['scenario']}: live emulated vs simulator (dashed: live capacity)",
                        path, legend_fontsize=7)

@@ -76,24 +76,39 @@ def live_table(result: dict[str, Any]) -> Table:
     for name in SYSTEMS:
         table.add_column(name, justify="right")
     s = result["systems"]
+
+    def bracket(key: str, n: str) -> str:
+        lo, hi = s[n][key]
+        return "—" if lo is None or hi is None else f"[{lo:.3f}, {hi:.3f}]"
+
+    def num(v: float | None, fmt: str) -> str:
+        return "—" if v is None else format(v, fmt)
+
     rows: list[tuple[str, list[str]]] = [
-        ("live capacity (req/s)", [f"{s[n]['live_capacity_rps']:.3f}" for n in SYSTEMS]),
-        ("sim capacity, same probes", [f"{s[n]['sim_capacity_rps']:.3f}" for n in SYSTEMS]),
-        ("live / sim", [f"{s[n]['live_over_sim']:.3f}" for n in SYSTEMS]),
+        ("live capacity (req/s)", [num(s[n]["live_capacity_rps"], ".3f") for n in SYSTEMS]),
+        ("live bracket, probes", [f"{bracket('bracket_rps', n)}, {len(s[n]['probes'])}"
+                                  for n in SYSTEMS]),
+        ("sim capacity, same search", [num(s[n]["sim_capacity_rps"], ".3f") for n in SYSTEMS]),
+        ("sim bracket, probes", [f"{bracket('sim_bracket_rps', n)}, "
+                                 f"{len(s[n]['sim_probes'])}" for n in SYSTEMS]),
+        ("live / sim", [num(s[n]["live_over_sim"], ".3f") for n in SYSTEMS]),
         ("sim capacity, 4000 requests", [f"{s[n]['sim_capacity_4000_rps']:.3f}"
                                          for n in SYSTEMS]),
-        ("throughput ratio live (sim)", [f"{result['live_ratios'][n]:.2f}x "
-                                         f"({result['sim_ratios'][n]:.2f}x)" for n in SYSTEMS]),
+        ("throughput ratio live (sim)", [f"{num(result['live_ratios'][n], '.2f')}x "
+                                         f"({num(result['sim_ratios'][n], '.2f')}x)"
+                                         for n in SYSTEMS]),
     ]
     for label, key in ((f"TTFT mean/P50/P90 s at {result['common_rps']:.3f} req/s",
                         "ttft_common"), ("TTFT at 90% own capacity", "ttft_own90"),
                        ("TTFT at 70% own capacity", "ttft_own70")):
+        if not any(s[n][key] for n in SYSTEMS):
+            continue
         rows.append((f"{label}, live", [_ttft(s[n][key], "live") for n in SYSTEMS]))
         rows.append((f"{label}, sim", [_ttft(s[n][key], "sim") for n in SYSTEMS]))
-    rows.append(("egress Gbps at 90%, live / sim", [
-        f"{s[n]['ttft_own90']['live_egress_gbps']:.1f} / "
-        f"{s[n]['ttft_own90']['sim_egress_gbps']:.1f}" if s[n]["ttft_own90"] else "—"
-        for n in SYSTEMS]))
+    own = "ttft_own90" if any(s[n]["ttft_own90"] for n in SYSTEMS) else "ttft_own70"
+    rows.append((f"egress Gbps at {own[-2:]}%, live / sim", [
+        f"{s[n][own]['live_egress_gbps']:.1f} / {s[n][own]['sim_egress_gbps']:.1f}"
+        if s[n][own] else "—" for n in SYSTEMS]))
     rows.append(("max CPU share of our processes", [f"{s[n]['max_cpu_share']:.0%}"
                                                     for n in SYSTEMS]))
     for label, cells in rows:

@@ -3,10 +3,13 @@
 Both sides get the same `Workload` (the scaled scenario's lengths, uniform arrivals,
 stratified draws, a seed): live, `bench.loadgen` sends request i at arrival_s[i] with a prompt
 of input_tokens[i] tokens (BOS + random letters) and max_tokens = output_tokens[i]; simulated,
-`sim.run.simulate` on the system's SystemConfig. Each side yields per-request arrival,
-first-token and finish times (live: client-side), judged by probe.judge. Live runs also
-measure the CPU our processes used (utime + stime from /proc) against the two cores, and the
-KV bytes that crossed the inter-DC link.
+`sim.run.simulate` on the system's SystemConfig. Each side yields per-request arrival, ready
+and finish times, judged by probe.judge. "Ready" is one event on both sides: the request's KV
+held by its decoder, whose first token is then sampled (simulator: `kv_ready_s`; live: the
+decode worker's wall-clock stamp `kv_ready_unix_s`, placed on the client's timeline by the
+client's wall clock at sending: one host, one clock). Live runs keep the client's first token
+too (`client_ready_s`, for reference), measure the CPU our processes used (utime + stime from
+/proc) against the two cores, and the KV bytes that crossed the inter-DC link.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class RunRecord:
     shed: int = 0  # live: of the errors, refused with 429/503 (never accepted)
     offered: np.ndarray | None = None  # bool: the policy sent it to PrfaaS first (live:
     # `first_route`, before any retry moved it local; simulated: `remote`)
+    client_ready_s: np.ndarray | None = None  # live: the client's first token
 
 
 def simulated(cfg: SystemConfig, workload: Workload) -> RunRecord:
@@ -123,8 +127,12 @@ def live(url: str, model: str, workload: Workload, pids: list[int], seed: int) -
     cpu = (_cpu_s(pids + me) - cpu0) / (wall * (os.cpu_count() or 1))
     nan = float("nan")
     arrival = np.array([r.sent_s for r in results])
-    ready = np.array([r.sent_s + r.ttft_s if r.ok and r.ttft_s is not None else nan
-                      for r in results])
+    ready = np.array([_kv_ready_s(r) for r in results])
+    if any(r.ok for r in results) and not np.isfinite(ready).any():
+        raise RuntimeError("no live request carried the decoder's kv_ready_unix_s stamp: "
+                           "the capacity search cannot judge this backend")
+    client_ready = np.array([r.sent_s + r.ttft_s if r.ok and r.ttft_s is not None else nan
+                             for r in results])
     finish = np.array([r.sent_s + r.e2e_s if r.ok and r.e2e_s is not None else nan
                        for r in results])
     remote = np.array([r.prfaas.get("route") == "prfaas" for r in results], dtype=bool)
@@ -138,4 +146,13 @@ def live(url: str, model: str, workload: Workload, pids: list[int], seed: int) -
                      round((load0 + os.getloadavg()[0]) / 2, 2),
                      sum(1 for r in results if not r.ok),
                      tuple(sorted({r.error[:160] for r in results if not r.ok})[:3]),
-                     sum(1 for r in results if r.status in (429, 503)), offered)
+                     sum(1 for r in results if r.status in (429, 503)), offered, client_ready)
+
+
+def _kv_ready_s(r: Result) -> float:
+    """The decoder's KV-ready stamp on the run's timeline; nan when the request failed or the
+    backend gave no stamp (then the probe is judged not sustained: nothing is guessed)."""
+    stamp = r.prfaas.get("kv_ready_unix_s")
+    if not r.ok or not isinstance(stamp, (int, float)):
+        return float("nan")
+    return r.sent_s + (float(stamp) - r.sent_unix_s)

@@ -26,6 +26,7 @@ from prfaas.sim.caching import CachePlugin, SimPrefixCache, cache_metrics
 from prfaas.sim.link import LinkSchedule
 from prfaas.sim.metrics import summarize
 from prfaas.sim.outages import Outage
+from prfaas.sim.plugin import SimPlugin
 from prfaas.sim.roles import RebalancePlugin
 from prfaas.sim.run import outage_plugin
 from prfaas.sim.simulator import Simulator
@@ -82,7 +83,7 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
                controller: dict[str, Any] | None = None, router_args: dict[str, Any] | None
                = None, rebalance: RebalancerConfig | None = None,
                planned: PlanResult | None = None, outages: Sequence[Outage] = (),
-               **overrides: Any
+               plugins: Sequence[SimPlugin] = (), **overrides: Any
                ) -> tuple[Simulator, dict[str, Any]]:
     if link is not None:
         overrides["link"] = link
@@ -102,7 +103,7 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
     roles = RebalancePlugin(rebalance) if rebalance is not None else None
     downs = outage_plugin(outages, rebalance)
     extra = [p for p in (roles, downs) if p is not None]
-    sim = Simulator(cfg, workload, router, plugins=[plugin, *extra])
+    sim = Simulator(cfg, workload, router, plugins=[plugin, *extra, *plugins])
     plugin.cache = build_cache(cfg, workload, [(p.instance_id, p.cluster) for p in sim.prefills],
                                cache_scope, cache_capacity, snapshot_policy)
     sim.run()

@@ -108,6 +108,13 @@ class NetnsLink:
         _run("ip", "netns", "exec", self.name, "ip", "link", "set", f"pfn{self.index}",
              "up" if up else "down")
 
+    def carried_bytes(self) -> int:
+        """Bytes the shaped direction has delivered so far: the host end's receive counter
+        (what left the namespace through tbf: KV, plus TCP/IP headers and the PrfaaS workers'
+        small HTTP replies)."""
+        with open(f"/sys/class/net/pfh{self.index}/statistics/rx_bytes") as f:
+            return int(f.read())
+
     def wrap(self, cmd: list[str]) -> list[str]:
         """`cmd` run inside the namespace."""
         return ["ip", "netns", "exec", self.name, *cmd]

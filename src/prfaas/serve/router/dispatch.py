@@ -60,6 +60,9 @@ class Outcome:
     prefill_s: float = 0.0
     prefill_queue_s: float = 0.0  # waiting at the prefill worker before compute
     transfer_tail_s: float = 0.0  # prefill end -> last KV frame acknowledged
+    # the decoder held this request's KV (its first token is then sampled): wall clock of the
+    # decode worker's host, from the first attempt that finished; None where the backend is silent
+    kv_ready_unix_s: float | None = None
     finish_reason: str = ""
     retried: bool = False
     retry_reason: str = ""
@@ -77,6 +80,7 @@ class Outcome:
                 "decode_cached_tokens": self.decode_cached_tokens, "kv_bytes": self.kv_bytes,
                 "threshold_tokens": self.threshold_tokens, "prefill_s": self.prefill_s,
                 "prefill_queue_s": self.prefill_queue_s, "transfer_tail_s": self.transfer_tail_s,
+                "kv_ready_unix_s": self.kv_ready_unix_s,
                 "retried": self.retried, "retry_reason": self.retry_reason,
                 "resumed": self.resumed, "resume_reason": self.resume_reason,
                 "token_ids": self.token_ids, "router_overhead_s": self.router_s}
@@ -246,6 +250,8 @@ class Dispatcher:
 
     def _apply_report(self, pre: WorkerSpec, report: AttemptReport, out: Outcome) -> None:
         out.decode_cached_tokens = report.decode_cached_tokens
+        if report.kv_ready_unix_s is not None and out.kv_ready_unix_s is None:
+            out.kv_ready_unix_s = report.kv_ready_unix_s  # only a finished attempt says
         for pool, delta in report.cache_deltas:
             self._apply_cache(pool, delta)
         if not report.prefill_done:

@@ -201,6 +201,7 @@ class DecodeWorker:
             self.kv_waiting -= 1
             self._waits.pop(rid, None)
         t_kv = time.perf_counter()
+        kv_ready_unix_s = time.time()  # wall clock: comparable across processes of a host
         binding = Binding(rid, nonce, self.model_id, self.engine.config.layer_pattern,
                           prefix.num_tokens if prefix else 0, tuple(token_ids))
         await asyncio.to_thread(verify, received, binding, LAYER_KINDS)  # before admitting
@@ -222,7 +223,8 @@ class DecodeWorker:
             if not active.offer(seq.last, self.engine.tokenizer.eos_id):
                 self.batcher.admit(active)
             actives.append(active)
-        info = {"kv_wait_s": t_kv - t0, "kv_bytes_received": shipped.num_bytes,
+        info = {"kv_wait_s": t_kv - t0, "kv_ready_unix_s": kv_ready_unix_s,
+                "kv_bytes_received": shipped.num_bytes,
                 "kv_verify_s": time.perf_counter() - t_kv,
                 "cache": delta.to_json()}
         return actives, info

@@ -78,6 +78,7 @@ class AttemptReport:
     prefill_queue_s: float = 0.0
     transfer_tail_s: float = 0.0
     prefill_done: bool = False  # the prefill worker answered (the figures above are real)
+    kv_ready_unix_s: float | None = None  # the decoder held the KV (its wall clock)
     cache_deltas: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
     prompt_logprobs: list[Any] | None = None  # asked by sampling["prompt_logprobs"] (echo)
 

@@ -61,6 +61,8 @@ class NativeBackend(WorkerBackend):
                                           if k not in ("event", "id")})
                     elif kind == "done":
                         report.finish_reason = str(event.get("finish_reason", "stop"))
+                        if isinstance(event.get("kv_ready_unix_s"), (int, float)):
+                            report.kv_ready_unix_s = float(event["kv_ready_unix_s"])
                         if isinstance(event.get("cache"), dict):
                             report.cache_deltas.append((dec.name, event["cache"]))
                         break
