@@ -39,6 +39,7 @@ class LoadJob:
     num_tokens: int  # prompt tokens expected
     fingerprint: int
     timeout_s: float
+    fault: str | None = None  # params.FAULTS: a negative control's wrong write (tests only)
 
 
 @dataclass(slots=True)

@@ -123,7 +123,8 @@ class SchedulerHalf:
         self._loads.append(LoadJob(
             request.request_id, rx.params.transfer_id, tuple(list(g) for g in ids),
             self._state_slots(ids), rx.local_hit, n,
-            fingerprint(list(request.prompt_token_ids or [])[:n]), rx.params.timeout_s))
+            fingerprint(list(request.prompt_token_ids or [])[:n]), rx.params.timeout_s,
+            rx.params.fault))
 
     def build_connector_meta(self, out: SchedulerOutput) -> PrfaasMetadata:
         meta = PrfaasMetadata(loads=self._loads, aborted=self._aborted,
