@@ -7,6 +7,7 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -220,3 +221,27 @@ def test_router_predicts_kv_bytes_in_the_instances_dtypes(tmp_path: Path) -> Non
     # the recurrent state doubles with the SSM cache dtype, the conv state stays in the KV's
     assert bf16.linear_state_bytes < ssm32.linear_state_bytes < 2 * bf16.linear_state_bytes
     assert fp32.linear_state_bytes == 2 * bf16.linear_state_bytes
+
+
+def test_seed_offset_draws_what_the_sampler_draws() -> None:
+    """After `advance(g, k)`, g gives the noise row vLLM's random_sample would draw at step k+1
+    (vLLM's own function, on a request's generator): so a resumed request samples as if it had
+    never stopped. The control: without the advance, the row is step 1's."""
+    pytest.importorskip("vllm")
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import random_sample
+
+    from prfaas.integrations.vllm.seed_offset import advance, output_offset
+
+    vocab, k, seed = 1000, 5, 7
+    probs = torch.softmax(torch.randn(1, vocab, generator=torch.Generator().manual_seed(1)), -1)
+    g = torch.Generator().manual_seed(seed)
+    uninterrupted = [int(random_sample(probs.clone(), {0: g})[0]) for _ in range(k + 3)]
+    resumed_gen = torch.Generator().manual_seed(seed)
+    advance(resumed_gen, k, vocab)
+    resumed = [int(random_sample(probs.clone(), {0: resumed_gen})[0]) for _ in range(3)]
+    assert resumed == uninterrupted[k:]
+    fresh = torch.Generator().manual_seed(seed)
+    assert [int(random_sample(probs.clone(), {0: fresh})[0]) for _ in range(3)] != resumed
+    params = SimpleNamespace(extra_args={"kv_transfer_params": {"prfaas": {"output_offset": 3}}})
+    assert output_offset(params) == 3 and output_offset(SimpleNamespace(extra_args=None)) == 0

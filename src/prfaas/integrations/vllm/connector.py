@@ -22,6 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from prfaas.integrations.vllm import seed_offset
 from prfaas.integrations.vllm.metadata import PrfaasMetadata
 from prfaas.integrations.vllm.scheduler_half import SchedulerHalf
 from prfaas.integrations.vllm.worker_half import WorkerHalf
@@ -49,6 +50,9 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             self.worker = WorkerHalf(kv_cache_config, dict(tc.kv_connector_extra_config or {}),
                                      producer=tc.is_kv_producer, consumer=tc.is_kv_consumer)
+            if tc.is_kv_consumer:  # a resumed request's seeded sampling goes on (seed_offset)
+                seed_offset.install(bool(getattr(vllm_config.model_config, "use_fp64_gumbel",
+                                                 False)))
 
     def _meta(self) -> PrfaasMetadata:
         meta = self._get_connector_metadata()

@@ -51,12 +51,16 @@ class RecvParams:
     transfer_id: int
     timeout_s: float = 120.0
     fault: str | None = None  # one of FAULTS (tests only)
+    # a resumed request: the last this many prompt tokens were its output (seed_offset.py)
+    output_offset: int = 0
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"role": "recv", "transfer_id": self.transfer_id,
                                 "timeout_s": self.timeout_s}
         if self.fault is not None:
             body["fault"] = self.fault
+        if self.output_offset:
+            body["output_offset"] = self.output_offset
         return {KEY: body}
 
 
@@ -79,7 +83,10 @@ def parse(params: object) -> SendParams | RecvParams | None:
             fault = p.get("fault")
             if fault is not None and fault not in FAULTS:
                 raise ValueError(f"fault={fault!r} (one of {', '.join(FAULTS)})")
-            return RecvParams(tid, float(p.get("timeout_s", 120.0)), fault)
+            offset = int(p.get("output_offset", 0))
+            if offset < 0:
+                raise ValueError(f"output_offset={offset}")
+            return RecvParams(tid, float(p.get("timeout_s", 120.0)), fault, offset)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError("kv_transfer_params.prfaas", p, f"malformed: {exc}") from exc
     raise ConfigError("kv_transfer_params.prfaas.role", p.get("role"), "must be send or recv")

@@ -65,7 +65,10 @@ class VllmBackend(WorkerBackend):
     async def run(self, attempt: Attempt, report: AttemptReport) -> AsyncIterator[TokenEvent]:
         a, dec = attempt, attempt.decode
         tid = secrets.randbits(62) + 1
-        body = {**self._body(a, a.max_tokens, RecvParams(tid, a.first_token_s).to_body()),
+        # a resume: the decoder draws the seeded samples of the tokens already sent first
+        recv = RecvParams(tid, a.first_token_s,
+                          output_offset=int(a.sampling.get("output_offset") or 0))
+        body = {**self._body(a, a.max_tokens, recv.to_body()),
                 "stream": True, "stream_options": {"include_usage": True}}
         prefill: asyncio.Task[None] | None = None
         emitted = False
