@@ -132,6 +132,10 @@ def test_a_complete_transfer_lands_every_value_in_either_conv_layout(pair: Any,
         assert _outcome(rx, 1) == "ok"
     finally:
         tx.shutdown()
+    with open(rx._trace_path) as f:  # the receiver's own count, tensor by tensor
+        received = sum(e["bytes"] for e in map(json.loads, f) if e["ev"] == "tensor")
+    assert tx.take_sent_bytes() == {"p-1": received} and tx.take_sent_bytes() == {}
+    assert received == 24 + 6 * 2 * BS * 8 * 2 + PAGE  # meta, 6 bf16 blocks, one state page
     src, dst = tx.caches, rx.caches
     assert torch.equal(dst[ATTN][DST_BLOCKS].view(torch.int16),
                        src[ATTN][SRC_BLOCKS].view(torch.int16))

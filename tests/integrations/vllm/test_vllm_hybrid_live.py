@@ -229,4 +229,11 @@ def test_hybrid_long_prompt_goes_through_the_router_on_prfaas(live: dict) -> Non
     states = [e for e in trace(live["traces"], "pdd-0")
               if e["ev"] == "tensor" and e["name"].startswith("s")]
     assert {e["layer"] for e in states} == {0, 1, 2}  # the three GDN layers' states crossed
+    # kv_bytes is the prefill connector's count of what it queued; the decoder's receiver
+    # counts what it received, tensor by tensor, on its own (the trace of that transfer)
+    tid = states[-1]["tid"]
+    received = sum(e["bytes"] for e in trace(live["traces"], "pdd-0")
+                   if e["ev"] == "tensor" and e["tid"] == tid)
+    print(f"\nkv_bytes {p['kv_bytes']} (router reply) vs {received} received")
+    assert p["kv_bytes"] == received > 0
     print(f"\nerrors (max |dlogprob|): {live['errors']}")

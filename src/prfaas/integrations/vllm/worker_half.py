@@ -92,6 +92,8 @@ class WorkerHalf:
         self._held: dict[int, list[Tensor]] = {}  # after_prefill transfers' tensors
         self.conv_layout = str(extra.get("conv_state_layout") or _vllm_conv_layout())
         self._last_conv: dict[int, torch.Tensor] = {}  # layer -> last conv received (bytes)
+        self._queued_bytes: dict[int, int] = {}  # transfer -> payload bytes queued so far
+        self._sent_bytes: dict[str, int] = {}  # finished prefills' totals, until reported
         if producer:
             rate = extra.get("rate_gbps")
             self.send = SendLink(SenderConfig(
@@ -159,6 +161,8 @@ class WorkerHalf:
 
     def _submit(self, job: SaveJob, item: Tensor) -> None:
         assert self.send is not None
+        tid = job.transfer_id
+        self._queued_bytes[tid] = self._queued_bytes.get(tid, 0) + int(item.array.nbytes)
         if job.after_prefill:
             self._held.setdefault(job.transfer_id, []).append(item)
         else:
@@ -187,14 +191,21 @@ class WorkerHalf:
                 self.send.submit(job.dest, item, job.rate_gbps)
             self.send.submit(job.dest, Finish(job.transfer_id), job.rate_gbps)
             self._meta_sent.discard(job.transfer_id)
+            self._sent_bytes[job.req_id] = self._queued_bytes.pop(job.transfer_id, 0)
             self.trace(side="send", tid=job.transfer_id, ev="prefill_end")
         for tid, dest, rate in meta.abort_sends:
             self._held.pop(tid, None)
             self._meta_sent.discard(tid)
+            self._queued_bytes.pop(tid, None)
             self.send.submit(dest, Abort(tid, "the prefill request ended before its prompt"),
                              rate)
         for r in self.send.drain():
             self.trace(side="send", tid=r.transfer_id, ev="sent", error=r.error, done=r.done_s)
+
+    def take_sent_bytes(self) -> dict[str, int]:
+        """The finished prefills' byte counts since the last call (build_connector_worker_meta)."""
+        out, self._sent_bytes = self._sent_bytes, {}
+        return out
 
     # -- consumer -----------------------------------------------------------------------
     def start_loads(self, meta: PrfaasMetadata) -> None:
@@ -226,7 +237,8 @@ class WorkerHalf:
                 inc.held.append((layer, name, array.copy()))
             else:
                 self._apply(inc, layer, name, array)
-        self.trace(side="recv", tid=tid, ev="tensor", layer=layer, name=name)
+        self.trace(side="recv", tid=tid, ev="tensor", layer=layer, name=name,
+                   bytes=int(array.nbytes))
 
     def _apply(self, inc: _Incoming, layer: int, name: str, array: np.ndarray) -> None:
         """Write one tensor into the paged caches (holding the lock); errors fail the load."""

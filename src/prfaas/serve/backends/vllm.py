@@ -154,7 +154,11 @@ class VllmBackend(WorkerBackend):
         report.prefill_s = time.monotonic() - t0
         report.cached_tokens = int(details.get("cached_tokens") or 0)
         report.computed_tokens = len(a.token_ids) - report.cached_tokens
-        report.kv_bytes = int(len(a.token_ids) * self.kv_bytes_per_token + self.kv_fixed_bytes)
+        # counted by the prefill instance's connector (payload bytes of every tensor it put
+        # on the link for this request); the size model only when a connector reports none
+        counted = ((reply.get("kv_transfer_params") or {}).get("prfaas") or {}).get("kv_bytes")
+        report.kv_bytes = (int(counted) if counted is not None else
+                           int(len(a.token_ids) * self.kv_bytes_per_token + self.kv_fixed_bytes))
         report.cache_deltas.append((pre.name, self._inserted(a.token_ids)))
 
 
