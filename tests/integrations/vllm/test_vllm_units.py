@@ -245,3 +245,24 @@ def test_seed_offset_draws_what_the_sampler_draws() -> None:
     assert [int(random_sample(probs.clone(), {0: fresh})[0]) for _ in range(3)] != resumed
     params = SimpleNamespace(extra_args={"kv_transfer_params": {"prfaas": {"output_offset": 3}}})
     assert output_offset(params) == 3 and output_offset(SimpleNamespace(extra_args=None)) == 0
+
+
+def test_the_prefill_request_runs_two_tokens_and_stays_valid_for_vllm() -> None:
+    """The scheduler half lets a prefill run one decode step more (so the worker's byte count
+    reaches request_finished); the request's SamplingParams must still pass vLLM's checks
+    (the Worker re-validates them: min_tokens 2 with max_tokens 1 killed the engine once)."""
+    pytest.importorskip("vllm")
+    from vllm.sampling_params import SamplingParams
+
+    from prfaas.integrations.vllm.scheduler_half import SchedulerHalf
+
+    sp = SamplingParams(max_tokens=1, temperature=0.0)
+    ids = list(range(3, 103))
+    req = SimpleNamespace(request_id="r", kv_transfer_params=SendParams(5, "h", 1).to_body(),
+                          prompt_token_ids=list(ids), _all_token_ids=list(ids),
+                          num_prompt_tokens=len(ids), max_tokens=1, sampling_params=sp)
+    half = SchedulerHalf(SimpleNamespace(has_mamba_layers=True, kv_cache_groups=[]))
+    half.on_new_request(req)  # type: ignore[arg-type]
+    assert req.max_tokens == 2 and sp.max_tokens == 2 and sp.min_tokens == 2
+    assert req.num_prompt_tokens == 99  # a hybrid stops one token short
+    sp._verify_args()  # what the Worker runs on the request it receives

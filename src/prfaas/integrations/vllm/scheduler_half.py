@@ -95,7 +95,8 @@ class SchedulerHalf:
             # this half with that step's output, after vLLM has finished a 1-token request
             # (and returned its kv_transfer_params); one more decode step carries it out
             request.max_tokens = 2
-            if request.sampling_params is not None:
+            if request.sampling_params is not None:  # the Worker validates min <= max
+                request.sampling_params.max_tokens = 2
                 request.sampling_params.min_tokens = 2
             ids = list(request.prompt_token_ids or [])
             self._sending[request.request_id] = _Sending(
