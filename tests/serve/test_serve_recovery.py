@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -185,9 +186,10 @@ def _resume_after_the_first_token(dep: Deployment, engine: Any) -> dict[str, Any
     killed: list[str] = []
 
     def kill_its_decoder() -> None:  # the only request in flight: its decoder holds one
+        metrics = get_text(f"{dep.url}/metrics")
         busy = [w for w in ("pdd-0", "pdd-1")
-                if f'prfaas_inflight_requests{{worker="{w}"}} 1.0' in get_text(
-                    f"{dep.url}/metrics")]
+                if re.search(rf'^prfaas_inflight_requests{{worker="{w}"}} 1(\.0)?$', metrics,
+                             re.MULTILINE)]
         assert len(busy) == 1, busy
         os.kill(dep.pid(busy[0]), signal.SIGKILL)
         killed.append(busy[0])
