@@ -243,6 +243,26 @@ def test_seed_offset_draws_what_the_sampler_draws() -> None:
     assert resumed == uninterrupted[k:]
     fresh = torch.Generator().manual_seed(seed)
     assert [int(random_sample(probs.clone(), {0: fresh})[0]) for _ in range(3)] != resumed
+    # the CPU sampler this host runs (per-token seeds into a fused Gumbel-max kernel)
+    import vllm._custom_ops  # noqa: F401  (loads the CPU kernels, as the Worker does)
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    from prfaas.integrations.vllm.seed_offset import cpu_seeds
+
+    assert cpu_seeds(False)  # an x86 CPU: what the live llama test runs on
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(2))
+    sampler = TopKTopPSampler()
+
+    def cpu_draw(gen: torch.Generator) -> int:
+        return int(sampler.forward_cpu(logits.clone(), {0: gen}, None, None)[0][0])
+
+    g = torch.Generator().manual_seed(seed)
+    uninterrupted = [cpu_draw(g) for _ in range(k + 3)]
+    resumed_gen = torch.Generator().manual_seed(seed)
+    advance(resumed_gen, k, vocab, per_token_seed=True)
+    assert [cpu_draw(resumed_gen) for _ in range(3)] == uninterrupted[k:]
+    fresh = torch.Generator().manual_seed(seed)
+    assert [cpu_draw(fresh) for _ in range(3)] != uninterrupted[k:]
     params = SimpleNamespace(extra_args={"kv_transfer_params": {"prfaas": {"output_offset": 3}}})
     assert output_offset(params) == 3 and output_offset(SimpleNamespace(extra_args=None)) == 0
 
