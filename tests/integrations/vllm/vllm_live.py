@@ -51,7 +51,8 @@ def workdir(name: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if not os.environ.get("PRFAAS_TEST_KEEP_LOGS"):  # set: keep instance logs to read
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager
