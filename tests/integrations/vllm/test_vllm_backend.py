@@ -60,16 +60,16 @@ async def _serve(handler: Any) -> tuple[web.AppRunner, int]:
     return runner, port
 
 
-def _attempt(p_port: int, d_port: int) -> Attempt:
+def _attempt(p_port: int, d_port: int, **sampling: Any) -> Attempt:
     pre = WorkerSpec("prfaas-0", "prfaas", port=p_port, engine="vllm")
     dec = WorkerSpec("pdd-0", "pd-d", port=d_port, kv_port=4321, engine="vllm")
     return Attempt(1, [1, 2, 3], 3, {"temperature": 0.0, "top_p": 1.0, "seed": 0,
-                                     "ignore_eos": False, "not_a_vllm_key": 1},
+                                     "ignore_eos": False, "not_a_vllm_key": 1, **sampling},
                    pre, dec, (dec.host, dec.kv_port), first_token_s=10, prefill_s=10,
                    kv_deadline_s=10, token_s=10, connect_s=2)
 
 
-def _run(fake: FakeVllm) -> tuple[list[int], AttemptReport, Exception | None]:
+def _run(fake: FakeVllm, **sampling: Any) -> tuple[list[int], AttemptReport, Exception | None]:
     async def go() -> tuple[list[int], AttemptReport, Exception | None]:
         rp, p_port = await _serve(fake.prefill)
         rd, d_port = await _serve(fake.decode)
@@ -79,7 +79,7 @@ def _run(fake: FakeVllm) -> tuple[list[int], AttemptReport, Exception | None]:
                 backend = make_backend("vllm", session=session, served_name="tiny",
                                        block_size_tokens=2)
                 try:
-                    async for ev in backend.run(_attempt(p_port, d_port), report):
+                    async for ev in backend.run(_attempt(p_port, d_port, **sampling), report):
                         got.append(ev.token_id)
                 except AttemptFailed as exc:
                     err = exc
@@ -117,3 +117,14 @@ def test_a_decoder_ending_in_error_is_a_failed_attempt() -> None:
 def test_a_failed_prefill_is_a_failed_attempt_naming_the_prefill() -> None:
     _, _, err = _run(FakeVllm(prefill_status=500))
     assert isinstance(err, AttemptFailed) and err.worker == "prfaas-0", err
+
+
+def test_a_resume_tells_the_decoder_its_output_offset() -> None:
+    """The dispatcher's `output_offset` (tokens already sent) reaches the decoder's connector,
+    which draws that many seeded samples first (seed_offset.py); a fresh request has none."""
+    fake = FakeVllm()
+    _, _, err = _run(fake, output_offset=2, seed=7, temperature=1.0)
+    assert err is None
+    assert fake.bodies["d"]["kv_transfer_params"]["prfaas"]["output_offset"] == 2
+    assert "output_offset" not in fake.bodies["d"]  # not a vLLM sampling key
+    assert "output_offset" not in fake.bodies["p"]["kv_transfer_params"]["prfaas"]

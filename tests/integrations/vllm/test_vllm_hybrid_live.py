@@ -3,9 +3,17 @@
 The PrfaaS instance stops one token short of each prompt and sends the attention KV layer by
 layer, then each GDN layer's conv + recurrent state h(N-1), over its shaped link; the decoder
 recomputes token N from them. bf16 near-ties make greedy equality the wrong test for random
-weights, so: the first token's logprob must be within 1e-3 of a single-instance run, and 32
-teacher-forced logprobs within TF_TOLERANCE (each request of the chain forces the reference's
-prefix through a new transfer: every compared logprob was computed from transferred state).
+weights, so the check is on logprobs: the first token's and 32 teacher-forced ones (each
+request of the chain forces the reference's prefix through a new transfer: every compared
+logprob was computed from transferred state) against a single-instance run.
+
+The tolerance is measured, not chosen: the single instance's own chunking noise on the same
+prompts (its 32 continuation logprobs computed token by token while decoding, and again inside
+a prefill chunk as prompt logprobs of prompt + continuation), the largest gap times SAFETY.
+Negative controls: the same comparison with a zeroed GDN recurrent state, another request's
+conv state, or KV blocks shifted by one (injected at the receiver, params.FAULTS) must fail it.
+The conv-state layout is vLLM's choice for this CPU (SD on AVX-512-BF16); run the module with
+VLLM_SSM_CONV_STATE_LAYOUT=DS in the environment for the other one.
 """
 
 from __future__ import annotations
@@ -33,8 +41,9 @@ from vllm_live import (  # noqa: E402
 )
 
 NUM_TOKENS = 32
-FIRST_TOLERANCE = 1e-3
-TF_TOLERANCE = 2e-2  # stated before measuring: ~4 bf16 ulps of a logprob near -6
+# A stated margin over the measured noise: the P/D path adds one more chunk boundary (token N
+# alone from h(N-1)) to the prompt's own, so its gap is of the noise's kind and size.
+SAFETY = 4.0
 # The decoder recomputes token N alone from h(N-1) and the KV of N-1 tokens. A single instance
 # does the same step only when the prompt's last chunk is that one token: lengths 1024k + 1
 # with max_num_batched_tokens 1024. Other lengths compute token N inside the last chunk, and
@@ -42,7 +51,11 @@ TF_TOLERANCE = 2e-2  # stated before measuring: ~4 bf16 ulps of a logprob near -
 # exactly as for ours (docs/vllm.md: same prompts, same values to the last bit).
 ALIGNED = [1025, 1025, 1025, 1025, 2049, 2049, 2049, 3073, 3073, 3073]
 ANY_LENGTH = [200, 300, 500, 700, 900, 1100, 1300, 1600, 2000, 2500]
-SPLIT_TOLERANCE = 2e-2
+CONTROL = [1025, 1300]  # one aligned length, one not
+FAULTS = ("zero_state", "foreign_conv", "shift_blocks")
+# Each control runs on prompts the decoder has never seen (seed 18, 19, 20): a prompt it had
+# already served would be a local prefix-cache hit, and nothing (no fault) would cross.
+CONTROL_SEEDS = {None: 17, **{f: 18 + i for i, f in enumerate(FAULTS)}}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +67,7 @@ def live() -> Iterator[dict[str, Any]]:
 def _live(root: Path) -> Iterator[dict[str, Any]]:
     model = build("qwen3_next", root)
     with deployment(topology("vllm-local.yaml", model), root / "logs") as (dep, ref, traces):
-        yield {"dep": dep, "ref": ref, "traces": traces}
+        yield {"dep": dep, "ref": ref, "traces": traces, "single": {}, "errors": {}}
 
 
 def _choice(reply: dict[str, Any]) -> tuple[list[int], list[float], list[dict[str, float]]]:
@@ -63,25 +76,43 @@ def _choice(reply: dict[str, Any]) -> tuple[list[int], list[float], list[dict[st
     return c["token_ids"], lp["token_logprobs"], lp["top_logprobs"]
 
 
-def single(live: dict, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+def single(live: dict, prompt: list[int], n: int = NUM_TOKENS) -> tuple[list[int], list[float]]:
+    """The single instance's greedy continuation and its logprobs (decoded token by token)."""
+    key = (tuple(prompt), n)
+    if key not in live["single"]:
+        status, reply = post(live["ref"].spec.url, {
+            "model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0,
+            "return_token_ids": True, "logprobs": 1})
+        assert status == 200, reply
+        ids, lps, _ = _choice(reply)
+        live["single"][key] = (ids, lps)
+    return live["single"][key]
+
+
+def in_chunk(live: dict, prompt: list[int], continuation: list[int]) -> list[float]:
+    """The same instance's logprobs of `continuation`, computed inside prefill chunks (prompt
+    logprobs of prompt + continuation) instead of one decode step per token."""
     status, reply = post(live["ref"].spec.url, {
-        "model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0,
-        "return_token_ids": True, "logprobs": 1})
+        "model": "tiny", "prompt": prompt + continuation, "max_tokens": 1, "temperature": 0,
+        "prompt_logprobs": 1})
     assert status == 200, reply
-    ids, lps, _ = _choice(reply)
-    return ids, lps
+    entries = reply["choices"][0]["prompt_logprobs"][len(prompt):]
+    return [float(e[str(t)]["logprob"]) for e, t in zip(entries, continuation, strict=True)]
 
 
 _tid = iter(range(10**6, 2 * 10**6))
 
 
-def disaggregated(live: dict, prompt: list[int], n: int) -> tuple[list[int], list[float],
-                                                                  list[dict[str, float]]]:
+def disaggregated(live: dict, prompt: list[int], n: int, fault: str | None = None
+                  ) -> tuple[list[int], list[float], list[dict[str, float]]] | None:
     """Prefill on the PrfaaS instance, decode on PD-D, sent at once (the router's bodies)."""
     dep = live["dep"]
     pre, dec = dep.topology.worker("prfaas-0"), dep.topology.worker("pdd-0")
     tid = next(_tid)
     base = {"model": "tiny", "prompt": prompt, "temperature": 0, "return_token_ids": True}
+    recv: dict[str, Any] = {"role": "recv", "transfer_id": tid}
+    if fault is not None:
+        recv["fault"] = fault
     out: dict[str, Any] = {}
     send = threading.Thread(target=lambda: out.update(p=post(pre.url, {
         **base, "max_tokens": 1, "kv_transfer_params": {"prfaas": {
@@ -90,13 +121,14 @@ def disaggregated(live: dict, prompt: list[int], n: int) -> tuple[list[int], lis
     send.start()
     status, reply = post(dec.url, {**base, "max_tokens": n, "logprobs": 5,
                                    "return_tokens_as_token_ids": True,
-                                   "kv_transfer_params": {"prfaas": {"role": "recv",
-                                                                     "transfer_id": tid}}})
+                                   "kv_transfer_params": {"prfaas": recv}})
     send.join(300)
-    assert status == 200, reply
     assert out["p"][0] == 200, out["p"]
     done = [e for e in trace(live["traces"], "pdd-0") if e["ev"] == "done" and e["tid"] == tid]
     assert done and done[0]["error"] is None, done  # the KV and the states did cross
+    if status == 400 and "Out of range float" in str(reply) and fault is not None:
+        return None  # the logprobs came out NaN/inf: vLLM cannot even serialize them
+    assert status == 200, reply
     return _choice(reply)
 
 
@@ -104,50 +136,102 @@ def _lp_of(top: dict[str, float], token: int) -> float | None:
     return top.get(f"token_id:{token}")
 
 
-def _compare(live: dict, lengths: list[int], seed: int) -> tuple[list[float], float, int]:
-    """Per prompt the first token's |dlogprob|, and the worst of 32 teacher-forced ones."""
-    firsts, worst_tf, forced = [], 0.0, 0
-    for prompt in prompts(lengths, seed=seed):
-        ref_ids, ref_lps = single(live, prompt, NUM_TOKENS)
-        ids, lps, tops = disaggregated(live, prompt, NUM_TOKENS)
-        first = _lp_of(tops[0], ref_ids[0])
-        assert first is not None, (tops[0], ref_ids[0])
-        firsts.append(abs(first - ref_lps[0]))
-        got: list[float] = []
-        pos = 0
-        while pos < NUM_TOKENS:  # teacher forcing: re-send with the reference's prefix
-            if pos:
-                ids, lps, tops = disaggregated(live, prompt + ref_ids[:pos], NUM_TOKENS - pos)
-                forced += 1
-            k = 0
-            while k < len(ids) and pos + k < NUM_TOKENS and ids[k] == ref_ids[pos + k]:
-                got.append(lps[k])
-                k += 1
-            if pos + k < NUM_TOKENS:  # diverged (a near-tie): the reference token's logprob
-                lp = _lp_of(tops[k], ref_ids[pos + k])
-                assert lp is not None, (pos + k, tops[k], ref_ids[pos + k])
-                got.append(lp)
-                k += 1
-            pos += k
-        assert len(got) == NUM_TOKENS
-        worst_tf = max(worst_tf, max(abs(a - b) for a, b in zip(got, ref_lps, strict=True)))
-    return firsts, worst_tf, forced
+def error(live: dict, prompt: list[int], fault: str | None = None,
+          stop_above: float = float("inf")) -> tuple[float, float, int]:
+    """(first token's |dlogprob|, worst of the 32 teacher-forced ones, forced re-sends) of the
+    P/D path against the single instance; a reference token outside the decoder's top 5 counts
+    as an infinite error. `stop_above`: stop once the worst exceeds it (it can only grow)."""
+    ref_ids, ref_lps = single(live, prompt)
+    got: list[float] = []
+    pos, forced, first = 0, 0, float("inf")
+    while pos < NUM_TOKENS:  # teacher forcing: re-send with the reference's prefix
+        reply = disaggregated(live, prompt + ref_ids[:pos], NUM_TOKENS - pos, fault)
+        if reply is None:  # non-finite logprobs: the comparison fails outright
+            return float("inf") if pos == 0 else first, float("inf"), forced
+        ids, lps, tops = reply
+        forced += pos > 0
+        k = 0
+        while k < len(ids) and pos + k < NUM_TOKENS and ids[k] == ref_ids[pos + k]:
+            got.append(lps[k])
+            k += 1
+        if pos + k < NUM_TOKENS:  # diverged (a near-tie, or wrong data): the reference token
+            lp = _lp_of(tops[k], ref_ids[pos + k])
+            got.append(float("-inf") if lp is None else lp)
+            k += 1
+        if pos == 0:
+            first = abs(got[0] - ref_lps[0])
+        pos += k
+        if max(abs(a - b) for a, b in zip(got, ref_lps, strict=False)) > stop_above:
+            break
+    worst = max(abs(a - b) for a, b in zip(got, ref_lps, strict=False))
+    return first, worst, forced
 
 
-def test_hybrid_state_crosses_and_logprobs_match_the_single_instance(live: dict) -> None:
-    firsts, worst_tf, forced = _compare(live, ALIGNED, seed=13)
-    print(f"aligned: first-token |dlogprob| {[f'{f:.1e}' for f in firsts]}; teacher-forced "
-          f"max {worst_tf:.2e} ({forced} forced re-sends)")
-    assert max(firsts) < FIRST_TOLERANCE, firsts
-    assert worst_tf < TF_TOLERANCE, worst_tf
+@pytest.fixture(scope="module")
+def tolerance(live: dict) -> float:
+    """SAFETY x the single instance's largest chunking gap over every compared prompt."""
+    gaps = []
+    sets = [(ALIGNED, 13), (ANY_LENGTH, 11), *((CONTROL, s) for s in CONTROL_SEEDS.values())]
+    for lengths, seed in sets:
+        for prompt in prompts(lengths, seed=seed):
+            ids, lps = single(live, prompt)
+            chunked = in_chunk(live, prompt, ids)
+            gaps.append(max(abs(a - b) for a, b in zip(lps, chunked, strict=True)))
+    tol = SAFETY * max(gaps)
+    print(f"\nsingle-instance chunking noise: max {max(gaps):.2e} over {len(gaps)} prompts "
+          f"(median {sorted(gaps)[len(gaps) // 2]:.2e}; all {[f'{g:.1e}' for g in gaps]}); "
+          f"tolerance {SAFETY:g} x = {tol:.2e}")
+    live["errors"]["noise"] = max(gaps)
+    assert 0 < max(gaps) < 1.0, gaps  # measured something, and not garbage
+    return tol
 
 
-def test_hybrid_any_length_stays_within_the_split_gap(live: dict) -> None:
-    firsts, worst_tf, forced = _compare(live, ANY_LENGTH, seed=11)
-    print(f"any length: first-token |dlogprob| {[f'{f:.1e}' for f in firsts]}; teacher-forced "
-          f"max {worst_tf:.2e} ({forced} forced re-sends)")
-    assert max(firsts) < SPLIT_TOLERANCE, firsts
-    assert worst_tf < TF_TOLERANCE, worst_tf
+def _genuine(live: dict, lengths: list[int], seed: int, tol: float, name: str) -> None:
+    rows = [error(live, prompt) for prompt in prompts(lengths, seed=seed)]
+    firsts = [r[0] for r in rows]
+    worst = max(r[1] for r in rows)
+    print(f"\n{name}: first-token |dlogprob| {[f'{f:.1e}' for f in firsts]}; teacher-forced "
+          f"max {worst:.2e} ({sum(r[2] for r in rows)} forced re-sends); tolerance {tol:.2e}")
+    live["errors"][name] = worst
+    assert max(firsts) < tol, firsts
+    assert worst < tol, worst
+
+
+def test_hybrid_state_crosses_and_logprobs_match_the_single_instance(
+        live: dict, tolerance: float) -> None:
+    _genuine(live, ALIGNED, 13, tolerance, "genuine aligned")
+
+
+def test_hybrid_any_length_stays_within_the_chunking_noise(live: dict, tolerance: float) -> None:
+    _genuine(live, ANY_LENGTH, 11, tolerance, "genuine any length")
+
+
+# Measured 2026-12-01 (AVX-512-BF16 host): a zeroed GDN recurrent state moved the logprobs by
+# only 7.9e-3 (both prompts; the genuine transfer: 0.0 and 7.9e-3), the size of the single
+# instance's own median chunking noise: this random-weight tiny model's output hardly depends
+# on the recurrent state, so a logprob comparison cannot see it. Kept, strict: it fails loudly
+# (XPASS) once a model or check can tell a zeroed state from a genuine one.
+ZERO_STATE_UNSEEN = pytest.mark.xfail(strict=True, reason="the tiny model's logprobs barely "
+                                      "depend on the GDN recurrent state (7.9e-3, at the noise)")
+
+
+@pytest.mark.parametrize("fault", [pytest.param("zero_state", marks=ZERO_STATE_UNSEEN),
+                                   "foreign_conv", "shift_blocks"])
+def test_wrong_state_or_kv_fails_the_same_comparison(live: dict, tolerance: float,
+                                                     fault: str) -> None:
+    """Each negative control fails on every prompt; the genuine transfer passes on prompts of
+    the same lengths (the decoder's first sight of each prompt, as for the controls)."""
+    if "control_genuine" not in live:
+        live["control_genuine"] = [error(live, p)[1]
+                                   for p in prompts(CONTROL, seed=CONTROL_SEEDS[None])]
+    genuine = live["control_genuine"]
+    wrong = [error(live, p, fault, stop_above=tolerance)[1]
+             for p in prompts(CONTROL, seed=CONTROL_SEEDS[fault])]
+    print(f"\n{fault}: error {[f'{w:.2e}' for w in wrong]} vs genuine "
+          f"{[f'{g:.2e}' for g in genuine]} (tolerance {tolerance:.2e})")
+    live["errors"][fault] = min(wrong)
+    assert max(genuine) < tolerance, genuine
+    assert min(wrong) > tolerance, wrong
 
 
 def test_hybrid_long_prompt_goes_through_the_router_on_prfaas(live: dict) -> None:
@@ -160,3 +244,11 @@ def test_hybrid_long_prompt_goes_through_the_router_on_prfaas(live: dict) -> Non
     states = [e for e in trace(live["traces"], "pdd-0")
               if e["ev"] == "tensor" and e["name"].startswith("s")]
     assert {e["layer"] for e in states} == {0, 1, 2}  # the three GDN layers' states crossed
+    # kv_bytes is the prefill connector's count of what it queued; the decoder's receiver
+    # counts what it received, tensor by tensor, on its own (the trace of that transfer)
+    tid = states[-1]["tid"]
+    received = sum(e["bytes"] for e in trace(live["traces"], "pdd-0")
+                   if e["ev"] == "tensor" and e["tid"] == tid)
+    print(f"\nkv_bytes {p['kv_bytes']} (router reply) vs {received} received")
+    assert p["kv_bytes"] == received > 0
+    print(f"\nerrors (max |dlogprob|): {live['errors']}")

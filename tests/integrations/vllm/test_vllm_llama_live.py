@@ -29,6 +29,7 @@ from vllm_live import (  # noqa: E402
     build,
     deployment,
     kill_tree,
+    pd_request,
     prompts,
     routed,
     topology,
@@ -224,3 +225,25 @@ def test_prefill_instance_killed_mid_transfer_is_retried_locally(live: dict) -> 
     assert routed(live["routers"]["all-pd"].url, after, 8)["prfaas"]["token_ids"] == (
         reference(live, after, 8))
     assert Path(dep.log_dir / "pdd-0.log").exists()
+
+
+def test_seeded_sampling_resumed_after_k_tokens_equals_the_uninterrupted_run(live: dict
+                                                                              ) -> None:
+    """A vLLM resume (the router re-sends prompt + the k tokens already sent) continues the
+    seeded sample sequence: the decoder draws k samples first (`output_offset`, seed_offset.py).
+    Control: the same resume without the offset samples other tokens."""
+    dep = live["dep"]
+    n, k = 24, 9
+    seeded = {"temperature": 1.0, "seed": 1234}
+    rows = []
+    for i, prompt in enumerate(prompts([300, 1500], seed=31)):
+        full = pd_request(dep, prompt, n, 7_000_000 + 3 * i, **seeded)["choices"][0]["token_ids"]
+        assert len(full) == n  # (no EOS in 24 samples from the tiny model's 1,000 tokens)
+        resumed = pd_request(dep, prompt + full[:k], n - k, 7_000_001 + 3 * i,
+                             {"output_offset": k}, **seeded)["choices"][0]["token_ids"]
+        restarted = pd_request(dep, prompt + full[:k], n - k, 7_000_002 + 3 * i,
+                               **seeded)["choices"][0]["token_ids"]
+        rows.append((resumed == full[k:], restarted == full[k:]))
+        assert resumed == full[k:], (full, resumed)
+        assert restarted != full[k:]  # the offset is what makes them equal
+    print(f"\nseeded resume equal to the uninterrupted run: {rows}")

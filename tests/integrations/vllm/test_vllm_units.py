@@ -7,6 +7,7 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -220,3 +221,68 @@ def test_router_predicts_kv_bytes_in_the_instances_dtypes(tmp_path: Path) -> Non
     # the recurrent state doubles with the SSM cache dtype, the conv state stays in the KV's
     assert bf16.linear_state_bytes < ssm32.linear_state_bytes < 2 * bf16.linear_state_bytes
     assert fp32.linear_state_bytes == 2 * bf16.linear_state_bytes
+
+
+def test_seed_offset_draws_what_the_sampler_draws() -> None:
+    """After `advance(g, k)`, g gives the noise row vLLM's random_sample would draw at step k+1
+    (vLLM's own function, on a request's generator): so a resumed request samples as if it had
+    never stopped. The control: without the advance, the row is step 1's."""
+    pytest.importorskip("vllm")
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import random_sample
+
+    from prfaas.integrations.vllm.seed_offset import advance, output_offset
+
+    vocab, k, seed = 1000, 5, 7
+    probs = torch.softmax(torch.randn(1, vocab, generator=torch.Generator().manual_seed(1)), -1)
+    g = torch.Generator().manual_seed(seed)
+    uninterrupted = [int(random_sample(probs.clone(), {0: g})[0]) for _ in range(k + 3)]
+    resumed_gen = torch.Generator().manual_seed(seed)
+    advance(resumed_gen, k, vocab)
+    resumed = [int(random_sample(probs.clone(), {0: resumed_gen})[0]) for _ in range(3)]
+    assert resumed == uninterrupted[k:]
+    fresh = torch.Generator().manual_seed(seed)
+    assert [int(random_sample(probs.clone(), {0: fresh})[0]) for _ in range(3)] != resumed
+    # the CPU sampler this host runs (per-token seeds into a fused Gumbel-max kernel)
+    import vllm._custom_ops  # noqa: F401  (loads the CPU kernels, as the Worker does)
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    from prfaas.integrations.vllm.seed_offset import cpu_seeds
+
+    assert cpu_seeds(False)  # an x86 CPU: what the live llama test runs on
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(2))
+    sampler = TopKTopPSampler()
+
+    def cpu_draw(gen: torch.Generator) -> int:
+        return int(sampler.forward_cpu(logits.clone(), {0: gen}, None, None)[0][0])
+
+    g = torch.Generator().manual_seed(seed)
+    uninterrupted = [cpu_draw(g) for _ in range(k + 3)]
+    resumed_gen = torch.Generator().manual_seed(seed)
+    advance(resumed_gen, k, vocab, per_token_seed=True)
+    assert [cpu_draw(resumed_gen) for _ in range(3)] == uninterrupted[k:]
+    fresh = torch.Generator().manual_seed(seed)
+    assert [cpu_draw(fresh) for _ in range(3)] != uninterrupted[k:]
+    params = SimpleNamespace(extra_args={"kv_transfer_params": {"prfaas": {"output_offset": 3}}})
+    assert output_offset(params) == 3 and output_offset(SimpleNamespace(extra_args=None)) == 0
+
+
+def test_the_prefill_request_runs_two_tokens_and_stays_valid_for_vllm() -> None:
+    """The scheduler half lets a prefill run one decode step more (so the worker's byte count
+    reaches request_finished); the request's SamplingParams must still pass vLLM's checks
+    (the Worker re-validates them: min_tokens 2 with max_tokens 1 killed the engine once)."""
+    pytest.importorskip("vllm")
+    from vllm.sampling_params import SamplingParams
+
+    from prfaas.integrations.vllm.scheduler_half import SchedulerHalf
+
+    sp = SamplingParams(max_tokens=1, temperature=0.0)
+    ids = list(range(3, 103))
+    req = SimpleNamespace(request_id="r", kv_transfer_params=SendParams(5, "h", 1).to_body(),
+                          prompt_token_ids=list(ids), _all_token_ids=list(ids),
+                          num_prompt_tokens=len(ids), max_tokens=1, sampling_params=sp)
+    half = SchedulerHalf(SimpleNamespace(has_mamba_layers=True, kv_cache_groups=[]))
+    half.on_new_request(req)  # type: ignore[arg-type]
+    assert req.max_tokens == 2 and sp.max_tokens == 2 and sp.min_tokens == 2
+    assert req.num_prompt_tokens == 99  # a hybrid stops one token short
+    sp._verify_args()  # what the Worker runs on the request it receives

@@ -51,7 +51,8 @@ def workdir(name: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if not os.environ.get("PRFAAS_TEST_KEEP_LOGS"):  # set: keep instance logs to read
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -131,6 +132,29 @@ def routed(url: str, prompt: list[int] | str, max_tokens: int, **extra: Any) -> 
     status, reply = post(url, {"model": SERVED, "prompt": prompt, "max_tokens": max_tokens,
                                "temperature": 0, **extra})
     assert status == 200, reply
+    return reply
+
+
+def pd_request(dep: Deployment, prompt: list[int], max_tokens: int, transfer_id: int,
+               recv: dict[str, Any] | None = None, prefill: str = "prfaas-0",
+               **sampling: Any) -> dict[str, Any]:
+    """One P/D request straight to the instances (the router's two bodies, sent at once):
+    the decoder's reply. `recv`: more `kv_transfer_params.prfaas` keys for the decoder."""
+    import threading
+
+    pre, dec = dep.topology.worker(prefill), dep.topology.by_role("pd-d")[0]
+    base = {"model": SERVED, "prompt": prompt, "return_token_ids": True, **sampling}
+    out: dict[str, Any] = {}
+    send = threading.Thread(target=lambda: out.update(p=post(pre.url, {
+        **base, "max_tokens": 1, "kv_transfer_params": {"prfaas": {
+            "role": "send", "transfer_id": transfer_id, "dest_host": dec.host,
+            "dest_port": dec.kv_port}}})))
+    send.start()
+    status, reply = post(dec.url, {**base, "max_tokens": max_tokens, "kv_transfer_params": {
+        "prfaas": {"role": "recv", "transfer_id": transfer_id, **(recv or {})}}})
+    send.join(300)
+    assert status == 200, reply
+    assert out["p"][0] == 200, out["p"]
     return reply
 
 

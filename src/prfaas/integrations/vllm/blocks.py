@@ -59,3 +59,51 @@ def state_parts(cache: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, .
                 ) -> list[torch.Tensor]:
     """A Mamba layer's state tensors (one raw page tensor, or conv + ssm), blocks on dim 0."""
     return [cache] if isinstance(cache, torch.Tensor) else list(cache)
+
+
+# -- recurrent-state slots and the conv-state layout ------------------------------------------
+# vLLM stores a Mamba/GDN conv state either SD `(state_len, dim)` or DS `(dim, state_len)`
+# (VLLM_SSM_CONV_STATE_LAYOUT; its CPU platform picks SD on AVX-512-BF16 CPUs, NIXL needs DS).
+# The bytes differ, so the wire carries one canonical layout, DS, and each end converts: a
+# prefill instance in SD and a decoder in DS (or the reverse) still agree on every value.
+WIRE_CONV_LAYOUT = "DS"
+
+
+def _conv_region(slot: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype
+                 ) -> torch.Tensor:
+    """The conv state inside one slot: a raw byte page (conv first, as vLLM packs a Mamba page)
+    or already the conv tensor; a view with the state's own shape and dtype."""
+    if slot.dtype == dtype and tuple(slot.shape[-len(shape):]) == tuple(shape):
+        return slot.reshape(shape)
+    flat = slot.reshape(-1).view(torch.uint8)
+    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    if flat.numel() < nbytes:
+        raise TransportError(f"state slot of {flat.numel()} B is smaller than its conv state "
+                             f"{tuple(shape)} {dtype}")
+    return flat[:nbytes].view(dtype).view(shape)
+
+
+def conv_to_wire(slot: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
+                 layout: str) -> torch.Tensor:
+    """A copy of one state slot (part 0 of a Mamba layer) with its conv state in WIRE_CONV_LAYOUT;
+    `shape` is the conv state's local shape, `layout` the local "SD" or "DS"."""
+    out = slot.detach().to("cpu").contiguous().clone()
+    if layout != WIRE_CONV_LAYOUT:
+        conv = _conv_region(out, shape, dtype)
+        conv.view(-1).copy_(conv.transpose(-1, -2).contiguous().view(-1))
+    return out
+
+
+def conv_from_wire(data: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
+                   layout: str) -> torch.Tensor:
+    """The inverse of conv_to_wire at the receiver: the slot with the conv state in `layout`."""
+    out = data.contiguous().clone()
+    if layout != WIRE_CONV_LAYOUT:
+        conv = _conv_region(out, shape, dtype)
+        wire = conv.reshape(-1).clone().view(shape[-1], shape[-2])  # DS: (dim, state_len)
+        conv.copy_(wire.transpose(0, 1))
+    return out
+
+
+def conv_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()

@@ -19,10 +19,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
     SupportsHMA,
 )
 
-from prfaas.integrations.vllm.metadata import PrfaasMetadata
+from prfaas.integrations.vllm import seed_offset
+from prfaas.integrations.vllm.metadata import PrfaasMetadata, PrfaasWorkerMeta
 from prfaas.integrations.vllm.scheduler_half import SchedulerHalf
 from prfaas.integrations.vllm.worker_half import WorkerHalf
 
@@ -49,6 +51,9 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             self.worker = WorkerHalf(kv_cache_config, dict(tc.kv_connector_extra_config or {}),
                                      producer=tc.is_kv_producer, consumer=tc.is_kv_consumer)
+            if tc.is_kv_consumer:  # a resumed request's seeded sampling goes on (seed_offset)
+                seed_offset.install(bool(getattr(vllm_config.model_config, "use_fp64_gumbel",
+                                                 False)))
 
     def _meta(self) -> PrfaasMetadata:
         meta = self._get_connector_metadata()
@@ -122,6 +127,12 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):
             return KVConnectorTransferResults()
         finished, failed = self._w().results()
         return KVConnectorTransferResults(finished_recving=finished, failed_recving=failed)
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        if self._w().send is None:
+            return None
+        sent = self._w().take_sent_bytes()
+        return PrfaasWorkerMeta(sent) if sent else None
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,22 @@ class LoadJob:
     num_tokens: int  # prompt tokens expected
     fingerprint: int
     timeout_s: float
+    fault: str | None = None  # params.FAULTS: a negative control's wrong write (tests only)
+
+
+@dataclass(slots=True)
+class PrfaasWorkerMeta(KVConnectorWorkerMetadata):
+    """Worker -> scheduler: payload bytes each finished prefill handed to the link (counted
+    tensor by tensor as they were queued: meta, blocks, states)."""
+
+    sent_bytes: dict[str, int] = field(default_factory=dict)  # request id -> bytes
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, PrfaasWorkerMeta)
+        merged = dict(self.sent_bytes)
+        for req_id, n in other.sent_bytes.items():  # tensor-parallel workers: their shards
+            merged[req_id] = merged.get(req_id, 0) + n
+        return PrfaasWorkerMeta(merged)
 
 
 @dataclass(slots=True)

@@ -39,14 +39,29 @@ class SendParams:
         return {KEY: body}
 
 
+# Fault injection at the receiver, for negative controls (the router never sets it): the load
+# completes as usual but writes wrong data, so a correctness check can be shown to fail.
+# zero_state: every recurrent (SSM) state arrives zeroed; foreign_conv: the conv states are the
+# previous transfer's (another request's); shift_blocks: KV block j is written to block j+1.
+FAULTS = ("zero_state", "foreign_conv", "shift_blocks")
+
+
 @dataclass(frozen=True, slots=True)
 class RecvParams:
     transfer_id: int
     timeout_s: float = 120.0
+    fault: str | None = None  # one of FAULTS (tests only)
+    # a resumed request: the last this many prompt tokens were its output (seed_offset.py)
+    output_offset: int = 0
 
     def to_body(self) -> dict[str, Any]:
-        return {KEY: {"role": "recv", "transfer_id": self.transfer_id,
-                      "timeout_s": self.timeout_s}}
+        body: dict[str, Any] = {"role": "recv", "transfer_id": self.transfer_id,
+                                "timeout_s": self.timeout_s}
+        if self.fault is not None:
+            body["fault"] = self.fault
+        if self.output_offset:
+            body["output_offset"] = self.output_offset
+        return {KEY: body}
 
 
 def parse(params: object) -> SendParams | RecvParams | None:
@@ -65,7 +80,13 @@ def parse(params: object) -> SendParams | RecvParams | None:
             return SendParams(tid, str(p["dest_host"]), int(p["dest_port"]),
                               None if rate is None else float(rate), bool(p.get("after_prefill")))
         if p.get("role") == "recv":
-            return RecvParams(tid, float(p.get("timeout_s", 120.0)))
+            fault = p.get("fault")
+            if fault is not None and fault not in FAULTS:
+                raise ValueError(f"fault={fault!r} (one of {', '.join(FAULTS)})")
+            offset = int(p.get("output_offset", 0))
+            if offset < 0:
+                raise ValueError(f"output_offset={offset}")
+            return RecvParams(tid, float(p.get("timeout_s", 120.0)), fault, offset)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError("kv_transfer_params.prfaas", p, f"malformed: {exc}") from exc
     raise ConfigError("kv_transfer_params.prfaas.role", p.get("role"), "must be send or recv")

@@ -65,7 +65,10 @@ class VllmBackend(WorkerBackend):
     async def run(self, attempt: Attempt, report: AttemptReport) -> AsyncIterator[TokenEvent]:
         a, dec = attempt, attempt.decode
         tid = secrets.randbits(62) + 1
-        body = {**self._body(a, a.max_tokens, RecvParams(tid, a.first_token_s).to_body()),
+        # a resume: the decoder draws the seeded samples of the tokens already sent first
+        recv = RecvParams(tid, a.first_token_s,
+                          output_offset=int(a.sampling.get("output_offset") or 0))
+        body = {**self._body(a, a.max_tokens, recv.to_body()),
                 "stream": True, "stream_options": {"include_usage": True}}
         prefill: asyncio.Task[None] | None = None
         emitted = False
@@ -151,7 +154,11 @@ class VllmBackend(WorkerBackend):
         report.prefill_s = time.monotonic() - t0
         report.cached_tokens = int(details.get("cached_tokens") or 0)
         report.computed_tokens = len(a.token_ids) - report.cached_tokens
-        report.kv_bytes = int(len(a.token_ids) * self.kv_bytes_per_token + self.kv_fixed_bytes)
+        # counted by the prefill instance's connector (payload bytes of every tensor it put
+        # on the link for this request); the size model only when a connector reports none
+        counted = ((reply.get("kv_transfer_params") or {}).get("prfaas") or {}).get("kv_bytes")
+        report.kv_bytes = (int(counted) if counted is not None else
+                           int(len(a.token_ids) * self.kv_bytes_per_token + self.kv_fixed_bytes))
         report.cache_deltas.append((pre.name, self._inserted(a.token_ids)))
 
 

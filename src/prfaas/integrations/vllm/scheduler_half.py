@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.utils import clip_ssm_state_blocks
 from vllm.v1.kv_cache_interface import MambaSpec
 
-from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata, SaveJob
-from prfaas.integrations.vllm.params import RecvParams, SendParams, fingerprint, parse
+from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata, PrfaasWorkerMeta, SaveJob
+from prfaas.integrations.vllm.params import KEY, RecvParams, SendParams, fingerprint, parse
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -59,6 +59,7 @@ class SchedulerHalf:
     _loads: list[LoadJob] = field(default_factory=list)
     _aborted: list[int] = field(default_factory=list)
     _abort_sends: list[tuple[int, tuple[str, int], float | None]] = field(default_factory=list)
+    _sent_bytes: dict[str, int] = field(default_factory=dict)  # from the worker (counted)
 
     @property
     def backoff(self) -> int:
@@ -90,7 +91,13 @@ class SchedulerHalf:
                 del request.prompt_token_ids[-self.backoff:]
                 del request._all_token_ids[-self.backoff:]
                 request.num_prompt_tokens -= self.backoff
-            request.max_tokens = 1
+            # two tokens, not one: the worker's byte count of the prompt's last step reaches
+            # this half with that step's output, after vLLM has finished a 1-token request
+            # (and returned its kv_transfer_params); one more decode step carries it out
+            request.max_tokens = 2
+            if request.sampling_params is not None:  # the Worker validates min <= max
+                request.sampling_params.max_tokens = 2
+                request.sampling_params.min_tokens = 2
             ids = list(request.prompt_token_ids or [])
             self._sending[request.request_id] = _Sending(
                 request, p, len(ids), fingerprint(ids), [0] * len(self._specs()))
@@ -123,7 +130,8 @@ class SchedulerHalf:
         self._loads.append(LoadJob(
             request.request_id, rx.params.transfer_id, tuple(list(g) for g in ids),
             self._state_slots(ids), rx.local_hit, n,
-            fingerprint(list(request.prompt_token_ids or [])[:n]), rx.params.timeout_s))
+            fingerprint(list(request.prompt_token_ids or [])[:n]), rx.params.timeout_s,
+            rx.params.fault))
 
     def build_connector_meta(self, out: SchedulerOutput) -> PrfaasMetadata:
         meta = PrfaasMetadata(loads=self._loads, aborted=self._aborted,
@@ -157,6 +165,10 @@ class SchedulerHalf:
         return job
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
+        meta = output.kv_connector_worker_meta
+        if isinstance(meta, PrfaasWorkerMeta):
+            self._sent_bytes.update((r, n) for r, n in meta.sent_bytes.items()
+                                    if r in self._sending)
         for req_id in output.finished_recving or ():
             rx = self._receiving.get(req_id)
             if rx is not None:
@@ -174,4 +186,6 @@ class SchedulerHalf:
         rx = self._receiving.pop(request.request_id, None)
         if rx is not None and rx.started and not rx.done:
             self._aborted.append(rx.params.transfer_id)
-        return False, None
+        sent = self._sent_bytes.pop(request.request_id, None)
+        # the prefill's reply carries the bytes its KV transfer queued on the link
+        return False, (None if sent is None else {KEY: {"kv_bytes": sent}})

@@ -26,7 +26,11 @@ import numpy as np
 import torch
 
 from prfaas.integrations.vllm.blocks import (
+    WIRE_CONV_LAYOUT,
     block_dim,
+    conv_bytes,
+    conv_from_wire,
+    conv_to_wire,
     from_wire,
     gather,
     scatter,
@@ -56,6 +60,14 @@ class _Incoming:
     meta_ok: bool = False
     error: str | None = None
     first_s: float | None = None
+    nbytes: int = 0  # payload bytes received (every tensor of the transfer, meta included)
+
+
+def _vllm_conv_layout() -> str:
+    """This process's Mamba conv-state layout, "SD" or "DS" (vLLM's own choice, env-driven)."""
+    from vllm.model_executor.layers.mamba.mamba_utils import get_conv_state_layout
+
+    return str(get_conv_state_layout())
 
 
 class WorkerHalf:
@@ -78,6 +90,10 @@ class WorkerHalf:
         self._aborted_reqs: set[str] = set()
         self._meta_sent: set[int] = set()
         self._held: dict[int, list[Tensor]] = {}  # after_prefill transfers' tensors
+        self.conv_layout = str(extra.get("conv_state_layout") or _vllm_conv_layout())
+        self._last_conv: dict[int, torch.Tensor] = {}  # layer -> last conv received (bytes)
+        self._queued_bytes: dict[int, int] = {}  # transfer -> payload bytes queued so far
+        self._sent_bytes: dict[str, int] = {}  # finished prefills' totals, until reported
         if producer:
             rate = extra.get("rate_gbps")
             self.send = SendLink(SenderConfig(
@@ -99,11 +115,15 @@ class WorkerHalf:
         self.name_of = {i: n for n, i in self.index_of.items()}
 
     def layout_fingerprint(self) -> int:
-        parts = []
+        parts = [f"conv-wire:{WIRE_CONV_LAYOUT}"]
         for name in sorted(self.caches):
             for t in state_parts(self.caches[name]):
                 parts.append(f"{self.index_of[name]}:{tuple(t.shape[1:])}:{t.dtype}")
         return zlib.crc32(";".join(parts).encode())
+
+    def _conv_spec(self, g: int) -> tuple[tuple[int, ...], torch.dtype]:
+        spec = self.groups[g].kv_cache_spec
+        return tuple(spec.shapes[0]), spec.dtypes[0]
 
     def _dim(self, t: torch.Tensor) -> int:
         return block_dim(t, self.config.num_blocks)
@@ -141,6 +161,8 @@ class WorkerHalf:
 
     def _submit(self, job: SaveJob, item: Tensor) -> None:
         assert self.send is not None
+        tid = job.transfer_id
+        self._queued_bytes[tid] = self._queued_bytes.get(tid, 0) + int(item.array.nbytes)
         if job.after_prefill:
             self._held.setdefault(job.transfer_id, []).append(item)
         else:
@@ -156,24 +178,34 @@ class WorkerHalf:
             for name in sorted(self.caches, key=self.index_of.__getitem__):
                 g = self.group_of.get(name)
                 slot = job.state_blocks[g] if g is not None and job.state_blocks else None
-                if slot is None:
+                if g is None or slot is None:
                     continue
                 for k, part in enumerate(state_parts(self.caches[name])):
-                    array, bf16 = to_wire(part[slot : slot + 1])
+                    data = part[slot : slot + 1]
+                    if k == 0:  # the conv state (first in a Mamba page) in the wire layout
+                        data = conv_to_wire(data, *self._conv_spec(g), self.conv_layout)
+                    array, bf16 = to_wire(data)
                     self._submit(job, Tensor(job.transfer_id, self.index_of[name], f"s{k}",
                                              array, bf16))
             for item in self._held.pop(job.transfer_id, []):  # send-after-prefill baseline
                 self.send.submit(job.dest, item, job.rate_gbps)
             self.send.submit(job.dest, Finish(job.transfer_id), job.rate_gbps)
             self._meta_sent.discard(job.transfer_id)
+            self._sent_bytes[job.req_id] = self._queued_bytes.pop(job.transfer_id, 0)
             self.trace(side="send", tid=job.transfer_id, ev="prefill_end")
         for tid, dest, rate in meta.abort_sends:
             self._held.pop(tid, None)
             self._meta_sent.discard(tid)
+            self._queued_bytes.pop(tid, None)
             self.send.submit(dest, Abort(tid, "the prefill request ended before its prompt"),
                              rate)
         for r in self.send.drain():
             self.trace(side="send", tid=r.transfer_id, ev="sent", error=r.error, done=r.done_s)
+
+    def take_sent_bytes(self) -> dict[str, int]:
+        """The finished prefills' byte counts since the last call (build_connector_worker_meta)."""
+        out, self._sent_bytes = self._sent_bytes, {}
+        return out
 
     # -- consumer -----------------------------------------------------------------------
     def start_loads(self, meta: PrfaasMetadata) -> None:
@@ -205,7 +237,8 @@ class WorkerHalf:
                 inc.held.append((layer, name, array.copy()))
             else:
                 self._apply(inc, layer, name, array)
-        self.trace(side="recv", tid=tid, ev="tensor", layer=layer, name=name)
+        self.trace(side="recv", tid=tid, ev="tensor", layer=layer, name=name,
+                   bytes=int(array.nbytes))
 
     def _apply(self, inc: _Incoming, layer: int, name: str, array: np.ndarray) -> None:
         """Write one tensor into the paged caches (holding the lock); errors fail the load."""
@@ -220,18 +253,39 @@ class WorkerHalf:
             elif name.startswith("b"):
                 self._apply_blocks(inc, job, layer, int(name[1:]), array)
             elif name.startswith("s"):
-                cache = self._cache(layer)
+                self._cache(layer)  # an unknown layer fails here
                 g = self.group_of[self.name_of[layer]]
                 slot = job.state_blocks[g]
                 if slot is None:
                     raise ValueError(f"layer {layer} got a state but is not a Mamba layer")
-                part = state_parts(cache)[int(name[1:])]
-                scatter(part, [slot], 0, from_wire(array, part))
+                self._apply_state(job, layer, g, slot, int(name[1:]), array)
                 inc.states.add(layer)
             else:
                 raise ValueError(f"unknown tensor {name!r}")
+            inc.nbytes += int(array.nbytes)
         except Exception as exc:
             inc.error = f"layer {layer} {name}: {type(exc).__name__}: {exc}"
+
+    def _apply_state(self, job: LoadJob, layer: int, g: int, slot: int, k: int,
+                     array: np.ndarray) -> None:
+        parts = state_parts(self._cache(layer))
+        part = parts[k]
+        data = from_wire(array, part)
+        shape, dtype = self._conv_spec(g)
+        if k == 0:  # the conv state (in the wire layout) first in the slot
+            n = conv_bytes(shape, dtype)
+            foreign = self._last_conv.get(layer) if job.fault == "foreign_conv" else None
+            self._last_conv[layer] = data.reshape(-1).view(torch.uint8)[:n].clone()
+            if foreign is not None:  # another request's conv state, this one's SSM state
+                data = data.clone()
+                data.reshape(-1).view(torch.uint8)[:n] = foreign
+            data = conv_from_wire(data, shape, dtype, self.conv_layout)
+        if job.fault == "zero_state":  # everything but the conv state: the recurrent state
+            if len(parts) == 1:
+                data.reshape(-1).view(torch.uint8)[conv_bytes(shape, dtype):] = 0
+            elif k > 0:
+                data = torch.zeros_like(data)
+        scatter(part, [slot], 0, data)
 
     def _cache(self, layer: int) -> Any:
         name = self.name_of.get(layer)
@@ -261,6 +315,10 @@ class WorkerHalf:
             raise ValueError(f"blocks {start}..{start + n} beyond the {len(job.block_ids[g])} "
                              "allocated")
         keep = [j for j in range(n) if start + j >= job.skip_tokens // bs]
+        if job.fault == "shift_blocks":  # block j into block j+1 (the last one is dropped)
+            shifted = job.block_ids[g][start + 1 : start + 1 + n]
+            keep = [j for j in keep if j < len(shifted)]
+            dest = shifted
         if keep:
             scatter(cache, [dest[j] for j in keep], dim,
                     data.index_select(dim, torch.tensor(keep, dtype=torch.long)))
@@ -305,7 +363,7 @@ class WorkerHalf:
             if why is not None:
                 failed.add(inc.job.req_id)
             self.trace(side="recv", tid=r.transfer_id, ev="done", error=why,
-                       first=inc.first_s, done=r.done_s)
+                       first=inc.first_s, done=r.done_s, bytes=inc.nbytes)
         return finished, failed
 
     def shutdown(self) -> None:

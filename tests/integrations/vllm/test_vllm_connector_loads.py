@@ -1,0 +1,273 @@
+"""PrfaasConnector's worker halves over real sockets, without a vLLM instance: a producer half
+streams a request's KV and recurrent state to a consumer half (prfaas.transport, loopback).
+
+What must hold: a complete, matching transfer is reported received with every value in place
+(the conv state converted between the SD and DS layouts when the two ends differ); a short
+tensor, a missing layer, another prompt's fingerprint, or a connection dropped in the middle of
+a layer is reported to vLLM as a failed load (`failed_recving`), which vLLM turns into an error
+for the request and the router into a local retry: never a load reported good from wrong KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (make vllm installs the extra)")
+
+torch = pytest.importorskip("torch")
+
+from prfaas.integrations.vllm.blocks import conv_from_wire, conv_to_wire  # noqa: E402
+from prfaas.serve.topology import free_port  # noqa: E402
+from prfaas.transport.sender import KVSender, SenderConfig  # noqa: E402
+
+BS = 16  # tokens per attention block
+NUM_BLOCKS = 32
+TOKENS = 5 * BS + 3  # 6 attention blocks, the last partial
+CONV_SD, SSM = (3, 16), (2, 4, 4)
+PAGE = 3 * 16 * 2 + 2 * 4 * 4 * 4  # conv bf16 + ssm fp32, packed as vLLM packs a Mamba page
+GDN, ATTN = "model.layers.0.linear_attn", "model.layers.1.self_attn.attn"
+
+
+def _config(layout: str) -> Any:
+    conv = CONV_SD if layout == "SD" else CONV_SD[::-1]
+    mamba = SimpleNamespace(block_size=BS, shapes=(conv, SSM),
+                            dtypes=(torch.bfloat16, torch.float32))
+    attn = SimpleNamespace(block_size=BS)
+    return SimpleNamespace(num_blocks=NUM_BLOCKS, kv_cache_groups=[
+        SimpleNamespace(layer_names=[GDN], kv_cache_spec=mamba),
+        SimpleNamespace(layer_names=[ATTN], kv_cache_spec=attn)])
+
+
+def _caches(seed: int | None) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed or 0)
+    page = torch.zeros(NUM_BLOCKS, 1, 1, PAGE, dtype=torch.int8)
+    kv = torch.zeros(NUM_BLOCKS, 2, BS, 8, dtype=torch.bfloat16)
+    if seed is not None:
+        page = torch.randint(-128, 128, page.shape, generator=gen, dtype=torch.int8)
+        kv = torch.randn(kv.shape, generator=gen).to(torch.bfloat16)
+    return {GDN: page, ATTN: kv}
+
+
+def _half(layout: str, producer: bool, port: int = 0, trace: str | None = None) -> Any:
+    from prfaas.integrations.vllm.worker_half import WorkerHalf
+
+    extra: dict[str, Any] = {"conv_state_layout": layout, "kv_port": port,
+                             "frame_timeout_s": 3.0, "connections": 2, "trace_path": trace}
+    half = WorkerHalf(_config(layout), extra, producer=producer, consumer=not producer)
+    half.register(_caches(seed=1 if producer else None))
+    return half
+
+
+SRC_BLOCKS, DST_BLOCKS = [3, 9, 4, 11, 5, 20], [7, 8, 1, 2, 30, 31]
+SRC_SLOT, DST_SLOT = 6, 12
+
+
+@pytest.fixture
+def pair(tmp_path: Any) -> Any:
+    port = free_port()
+    rx = _half("SD", producer=False, port=port, trace=str(tmp_path / "rx.trace"))
+    yield rx, port
+    rx.shutdown()
+
+
+def _expect(rx: Any, tid: int, fp: int = 77, timeout_s: float = 20.0,
+            fault: str | None = None) -> None:
+    from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata
+
+    job = LoadJob(f"req-{tid}", tid, ([DST_SLOT], list(DST_BLOCKS)), (DST_SLOT, None), 0,
+                  TOKENS, fp, timeout_s, fault)
+    rx.start_loads(PrfaasMetadata(loads=[job]))
+
+
+def _outcome(rx: Any, tid: int, within_s: float = 30.0) -> str:
+    """'ok', or 'failed: why' as the connector reports it to vLLM (get_transfer_results; the
+    reason from the receiver's trace)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        finished, failed = rx.results()
+        if f"req-{tid}" in finished:
+            if f"req-{tid}" not in failed:
+                return "ok"
+            with open(rx._trace_path) as f:
+                done = [json.loads(line) for line in f if '"done"' in line]
+            return f"failed: {next(e['error'] for e in done if e['tid'] == tid)}"
+        time.sleep(0.05)
+    raise AssertionError(f"transfer {tid} never reported")
+
+
+def _stream(port: int, tid: int, layout: str = "SD", fp: int = 77) -> Any:
+    """A producer half sends one whole request (meta, attention blocks, states, END)."""
+    from prfaas.integrations.vllm.metadata import PrfaasMetadata, SaveJob
+
+    tx = _half(layout, producer=True)
+    job = SaveJob(f"p-{tid}", tid, ("127.0.0.1", port), (([], 0), (list(SRC_BLOCKS), 0)),
+                  TOKENS, fp, True, True, (SRC_SLOT, None))
+    meta = PrfaasMetadata(saves=[job])
+    tx.save_layer(meta, ATTN, tx.caches[ATTN])
+    tx.end_step(meta)
+    return tx
+
+
+def _conv(page: Any, shape: tuple[int, ...]) -> Any:
+    return page.reshape(-1)[: 2 * int(np.prod(shape))].view(torch.bfloat16).view(shape)
+
+
+@pytest.mark.parametrize("sender_layout", ["SD", "DS"])
+def test_a_complete_transfer_lands_every_value_in_either_conv_layout(pair: Any,
+                                                                    sender_layout: str) -> None:
+    rx, port = pair
+    _expect(rx, 1)
+    tx = _stream(port, 1, sender_layout)
+    try:
+        assert _outcome(rx, 1) == "ok"
+    finally:
+        tx.shutdown()
+    with open(rx._trace_path) as f:  # the receiver's own count, tensor by tensor
+        received = sum(e["bytes"] for e in map(json.loads, f) if e["ev"] == "tensor")
+    assert tx.take_sent_bytes() == {"p-1": received} and tx.take_sent_bytes() == {}
+    assert received == 24 + 6 * 2 * BS * 8 * 2 + PAGE  # meta, 6 bf16 blocks, one state page
+    src, dst = tx.caches, rx.caches
+    assert torch.equal(dst[ATTN][DST_BLOCKS].view(torch.int16),
+                       src[ATTN][SRC_BLOCKS].view(torch.int16))
+    src_page, dst_page = src[GDN][SRC_SLOT], dst[GDN][DST_SLOT]
+    sd = _conv(src_page, CONV_SD) if sender_layout == "SD" else _conv(src_page, CONV_SD[::-1]).T
+    assert torch.equal(_conv(dst_page, CONV_SD).view(torch.int16), sd.view(torch.int16))
+    assert torch.equal(dst_page.reshape(-1)[96:], src_page.reshape(-1)[96:])  # the SSM state
+    assert not torch.equal(dst[ATTN][0], src[ATTN][0])  # (a block that did not cross differs)
+
+
+@pytest.mark.parametrize("fault", ["zero_state", "foreign_conv", "shift_blocks"])
+def test_the_negative_controls_write_what_they_claim(pair: Any, fault: str) -> None:
+    """The receiver-side faults of the live hybrid test's controls (params.FAULTS)."""
+    rx, port = pair
+    _expect(rx, 5)
+    first = _stream(port, 5)  # a first request: its conv is the next one's "foreign" conv
+    assert _outcome(rx, 5) == "ok"
+    first.shutdown()
+    first_conv = _conv(rx.caches[GDN][DST_SLOT], CONV_SD).clone()
+    rx.register(_caches(seed=None))
+    _expect(rx, 6, fault=fault)
+    tx = _half("SD", producer=True)
+    tx.caches = _caches(seed=2)  # another request's values
+    tx.register(tx.caches)
+    from prfaas.integrations.vllm.metadata import PrfaasMetadata, SaveJob
+
+    meta = PrfaasMetadata(saves=[SaveJob("p-6", 6, ("127.0.0.1", port),
+                                         (([], 0), (list(SRC_BLOCKS), 0)), TOKENS, 77, True,
+                                         True, (SRC_SLOT, None))])
+    tx.save_layer(meta, ATTN, tx.caches[ATTN])
+    tx.end_step(meta)
+    assert _outcome(rx, 6) == "ok"  # the load itself succeeds: only the data is wrong
+    tx.shutdown()
+    src, dst = tx.caches, rx.caches
+    page, src_page = dst[GDN][DST_SLOT].reshape(-1), src[GDN][SRC_SLOT].reshape(-1)
+    conv = _conv(dst[GDN][DST_SLOT], CONV_SD)
+    kv_right = torch.equal(dst[ATTN][DST_BLOCKS].view(torch.int16),
+                           src[ATTN][SRC_BLOCKS].view(torch.int16))
+    if fault == "zero_state":
+        assert not page[96:].any() and src_page[96:].any()
+        assert torch.equal(conv.view(torch.int16), _conv(src_page, CONV_SD).view(torch.int16))
+        assert kv_right
+    elif fault == "foreign_conv":
+        assert torch.equal(conv.view(torch.int16), first_conv.view(torch.int16))
+        assert not torch.equal(conv.view(torch.int16), _conv(src_page, CONV_SD).view(torch.int16))
+        assert torch.equal(page[96:], src_page[96:]) and kv_right
+    else:
+        assert torch.equal(dst[ATTN][DST_BLOCKS[1:]].view(torch.int16),
+                           src[ATTN][SRC_BLOCKS[:-1]].view(torch.int16))
+        assert not kv_right and torch.equal(page, src_page)
+
+
+def test_conv_layout_conversion_on_tensors() -> None:
+    gen = torch.Generator().manual_seed(3)
+    sd = torch.randn(1, *CONV_SD, generator=gen).to(torch.bfloat16)
+    ds = sd.transpose(-1, -2).contiguous()
+    wire_sd = conv_to_wire(sd, CONV_SD, torch.bfloat16, "SD")
+    wire_ds = conv_to_wire(ds, CONV_SD[::-1], torch.bfloat16, "DS")
+    assert torch.equal(wire_sd.reshape(-1), wire_ds.reshape(-1))  # one wire form (bytes)
+    assert torch.equal(conv_from_wire(wire_sd, CONV_SD, torch.bfloat16, "SD"), sd)
+    assert torch.equal(conv_from_wire(wire_ds, CONV_SD[::-1], torch.bfloat16, "DS"), ds)
+    # a negative control: a receiver that skipped the conversion would hold other values
+    assert not torch.equal(wire_sd.reshape(-1), sd.reshape(-1))
+
+
+def _send_items(port: int, items: list[tuple[int, str, np.ndarray, bool]], tid: int,
+                drop_mid_layer: bool = False) -> None:
+    """Hand-made frames on a KVSender (the bad peers a producer half never is)."""
+    async def run() -> None:
+        sender = KVSender("127.0.0.1", port, SenderConfig(
+            num_connections=1, chunk_bytes=1024, rate_gbps=None if not drop_mid_layer
+            else 0.0002))
+        await sender.connect()
+        for layer, name, array, bf16 in items:
+            if drop_mid_layer and name.startswith("b"):
+                task = asyncio.ensure_future(sender.send_array(tid, layer, "gqa", name, array,
+                                                               bfloat16=bf16))
+                await asyncio.sleep(0.4)  # ~10 KB of the layer's 32 KB are out
+                await sender.close()  # the connection drops with the layer half sent
+                task.cancel()
+                return
+            await sender.send_array(tid, layer, "gqa", name, array, bfloat16=bf16)
+        await sender.finish(tid)
+        await sender.close()
+
+    asyncio.run(run())
+
+
+def _good_items(rx: Any, fp: int = 77) -> list[tuple[int, str, np.ndarray, bool]]:
+    from prfaas.integrations.vllm.blocks import to_wire
+
+    src = _caches(seed=1)
+    meta = np.array([TOKENS, fp, rx.layout_fingerprint()], np.int64)
+    kv, bf16 = to_wire(src[ATTN][SRC_BLOCKS])
+    state, _ = to_wire(conv_to_wire(src[GDN][SRC_SLOT : SRC_SLOT + 1], CONV_SD,
+                                    torch.bfloat16, "SD"))
+    return [(0, "meta", meta, False), (1, "b0", kv, bf16), (0, "s0", state, False)]
+
+
+def test_the_good_hand_made_transfer_is_received(pair: Any) -> None:
+    rx, port = pair  # the control for the four below: the same frames, unaltered
+    _expect(rx, 2)
+    _send_items(port, _good_items(rx), 2)
+    assert _outcome(rx, 2) == "ok"
+
+
+@pytest.mark.parametrize(("fault", "why"), [("short_tensor", "blocks [5] missing"),
+                                            ("missing_layer", "recurrent state missing"),
+                                            ("wrong_fingerprint", "prompt fingerprint differs")])
+def test_a_partial_or_mismatched_transfer_is_a_failed_load(pair: Any, fault: str, why: str
+                                                           ) -> None:
+    rx, port = pair
+    items = _good_items(rx)
+    if fault == "short_tensor":  # one block fewer than the request's 6
+        layer, name, kv, bf16 = items[1]
+        items[1] = (layer, name, kv[:-1], bf16)
+    elif fault == "missing_layer":  # no recurrent state for the GDN layer
+        items = items[:2]
+    else:  # the KV of another prompt (the same transfer id)
+        items = _good_items(rx, fp=78)
+    _expect(rx, 3)
+    _send_items(port, items, 3)
+    outcome = _outcome(rx, 3)
+    assert outcome.startswith("failed") and why in outcome, outcome
+
+
+def test_a_connection_dropped_mid_layer_is_a_failed_load(pair: Any) -> None:
+    rx, port = pair
+    _expect(rx, 4, timeout_s=10.0)
+    sent = threading.Thread(target=_send_items, args=(port, _good_items(rx), 4, True))
+    sent.start()
+    sent.join(30)
+    outcome = _outcome(rx, 4)
+    print(outcome)
+    assert outcome.startswith("failed"), outcome
