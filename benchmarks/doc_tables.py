@@ -445,3 +445,82 @@ def planner_reproduction(load: Loader) -> str:
                         ("naive_heterogeneous", "naive")):
         rows.append([f"TTFT mean / P90 {label}", ttft(ours[name]), ttft(paper[name]), ""])
     return "\n".join(["| | ours | paper | error |", "|---|---|---|---|", *map(_cells, rows)])
+
+
+_SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
+
+
+def _bracket(b: list[float], n: int, digits: int) -> str:
+    return f"[{b[0]:.{digits}f}, {b[1]:.{digits}f}] ({n})"
+
+
+@table("live-search-run4")
+def live_search_run4(load: Loader) -> str:
+    """docs/emulated.md: paper case study run 4, the same search live and simulated."""
+    run = load("live/paper-case-study-run4.json")
+    sy = [run["systems"][n] for n in _SYSTEMS]
+
+    def disagree(s: dict[str, Any]) -> str:
+        n = sum(p["sustained"] != p["sim_same_workload"]["sustained"] for p in s["probes"])
+        return f"{n} of {len(s['probes'])}"
+
+    def ttft(s: dict[str, Any]) -> str:
+        lv, sm = s["ttft_common"]["live"]["ttft_s"], s["ttft_common"]["sim"]["ttft_s"]
+        return f"{lv['p50']:.2f} / {lv['p90']:.2f} ({sm['p50']:.2f} / {sm['p90']:.2f})"
+
+    rows = [
+        ["live bracket [sustained, unsustained] (probes)",
+         *(_bracket(s["bracket_rps"], len(s["probes"]), 3) for s in sy)],
+        ["**live capacity** (highest sustained probe)",
+         *(f"**{s['live_capacity_rps']:.3f}**" for s in sy)],
+        ["simulator, same search: bracket (probes)",
+         *(_bracket(s["sim_bracket_rps"], len(s["sim_probes"]), 3) for s in sy)],
+        ["live / simulator (same search)", *(f"{s['live_over_sim']:.3f}" for s in sy)],
+        ["live probes the simulator judged otherwise (same workload)", *map(disagree, sy)],
+        ["simulator, 4000-request search", *(f"{s['sim_capacity_4000_rps']:.3f}" for s in sy)],
+        ["throughput ratio live (simulator)",
+         *(f"{run['live_ratios'][n]:.2f}x ({run['sim_ratios'][n]:.2f}x)" for n in _SYSTEMS)],
+        [f"TTFT P50 / P90 s at {run['common_rps']:.3f} req/s, live (sim), ready = KV at the "
+         "decoder", *map(ttft, sy)],
+        ["max CPU share of our processes", *(f"{s['max_cpu_share']:.0%}" for s in sy)],
+    ]
+    head = ["| | PrfaaS-PD | homogeneous PD | naive heterogeneous |", "|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("sim-search")
+def sim_search(load: Loader) -> str:
+    """docs/emulated.md: bench_live_sim_search.py, the live search run in the simulator only."""
+    rows = []
+    for file, label, short in (
+        ("paper-case-study", "paper case study", "paper case study"),
+        ("roofline-b200-qwen3-next", "roofline-b200-qwen3-next (time 0.5)",
+         "roofline-b200-qwen3-next"),
+    ):
+        sy = [load(f"live/sim-search-{file}.json")["systems"][n] for n in _SYSTEMS]
+        rows.append([f"{label}: search bracket (probes)",
+                     *(_bracket(s["sim_bracket_rps"], len(s["sim_probes"]), 2) for s in sy)])
+        rows.append([f"{short}: 4000-request search",
+                     *(f"{s['sim_capacity_4000_rps']:.2f}" for s in sy)])
+    head = ["| | PrfaaS-PD | homogeneous PD | naive heterogeneous |", "|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("link-fluctuation-run3")
+def link_fluctuation_run3(load: Loader) -> str:
+    """docs/emulated.md: the live link-fluctuation run 3, offered vs carried at the link."""
+    pol = load("live/link-fluctuation-run3.json")["policies"]
+    rows = []
+    for name in ("prfaas-threshold", "prfaas-threshold+controller"):
+        lv, sm = pol[name]["live"], pol[name]["sim"]
+        rows.append([
+            f"`{name}`",
+            f"{lv['dip_offered_egress_gbps']:.1f} / {sm['dip_offered_egress_gbps']:.1f}",
+            f"**{lv['dip_carried_gbps']:.1f} / {sm['dip_carried_gbps']:.1f}**",
+            f"{lv['dip_ttft_p99_s']:.1f} / {sm['dip_ttft_p99_s']:.1f}",
+            f"{lv['ttft_p99_s']:.1f} / {sm['ttft_p99_s']:.1f}",
+        ])
+    head = ["| policy | dip KV offered, Gbps: live / sim | **dip bytes carried by the link, "
+            "Gbps: live / sim** | dip P99 TTFT s: live / sim | P99 TTFT s: live / sim |",
+            "|---|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
