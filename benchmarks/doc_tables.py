@@ -524,3 +524,46 @@ def link_fluctuation_run3(load: Loader) -> str:
             "Gbps: live / sim** | dip P99 TTFT s: live / sim | P99 TTFT s: live / sim |",
             "|---|---|---|---|---|"]
     return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("router-scale")
+def router_scale(load: Loader) -> str:
+    """docs/simulator.md: bench_router_scale.py, µs per live routing decision, before/after."""
+    run = load("router_scale.json")
+
+    def cell(side: str, workers: int, policy: str) -> str:
+        row = next(r for r in run[side]["rows"]
+                   if r["workers"] == workers and r["policy"] == policy)
+        return f"{row['mean_us']:,.1f} ({row['p99_us']:,.1f})"
+
+    rows = [
+        [f"{w:,}", *(cell(side, w, p) for p in ("prfaas-threshold", "cache-aware")
+                     for side in ("before", "after"))]
+        for w in sorted({r["workers"] for r in run["after"]["rows"]})
+    ]
+    head = ["| workers | prfaas-threshold before | after | cache-aware before | after |",
+            "|---|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("sim-scale-curve")
+def sim_scale_curve(load: Loader) -> str:
+    """docs/simulator.md: bench_sim.py --scale (sim.json `scale_curve`), after and before."""
+    curve = load("sim.json")["scale_curve"]
+    before = {p["instances"]: p for p in curve["before"]["points"]}
+    rows = []
+    for p in curve["points"]:
+        b = before[p["instances"]]
+        rows.append([
+            f"{p['instances']:,} ({p['n_prfaas']}/{p['n_p']}/{p['n_d']})",
+            f"{p['rate_rps']:.3f}",
+            f"{p['events']:,}",
+            f"{p['wall_s']:g}",
+            f"{p['wall_per_request_us']:.1f}",
+            f"{p['peak_rss_mib']:.1f}",
+            f"{b['wall_s']:.3f}, {b['wall_per_request_us']:.1f}",
+        ])
+    head = ["| instances (PrfaaS/PD-P/PD-D) | rate (req/s) | events | wall (s) | µs / request | "
+            "peak RSS (MiB) | before: wall (s), µs / request |",
+            "|---|---|---|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
