@@ -567,3 +567,28 @@ def sim_scale_curve(load: Loader) -> str:
             "peak RSS (MiB) | before: wall (s), µs / request |",
             "|---|---|---|---|---|---|---|"]
     return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("link-fluctuation-run2")
+def link_fluctuation_run2(load: Loader) -> str:
+    """docs/emulated.md: the live link-fluctuation run 2 (offered KV, before the link counter)."""
+    pol = load("live/link-fluctuation-run2.json")["policies"]
+    rows = []
+    for name, label in (("prfaas-threshold", "static t"), ("prfaas-threshold+controller",
+                                                              "controller")):
+        lv, sm = pol[name]["live"], pol[name]["sim"]
+        dip = f"{lv['dip_ttft_p99_s']:.1f} / {sm['dip_ttft_p99_s']:.1f}"
+        rows.append([
+            f"{label} (`{name}`)",
+            f"**{lv['dip_offered_egress_gbps']:.1f} / {sm['dip_offered_egress_gbps']:.1f}**",
+            f"**{dip}**" if label == "controller" else dip,
+            f"{lv['ttft_p99_s']:.1f} / {sm['ttft_p99_s']:.1f}",
+            f"{lv['dip_offered_fraction']:.2f} / {lv['dip_offload_fraction']:.2f} "
+            f"({sm['dip_offered_fraction']:.2f} / {sm['dip_offload_fraction']:.2f})",
+            f"{lv['requests'] - lv['completed']} of {lv['requests']:,}",
+        ])
+    head = ["| policy | KV offered during the dip, Gbps (capacity 10): live / sim | P99 TTFT of "
+            "dip arrivals, s: live / sim | P99 TTFT overall, s: live / sim | dip share sent to "
+            "PrfaaS / finally prefilled there, live (sim) | failed live |",
+            "|---|---|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
