@@ -632,3 +632,36 @@ def live_run3(load: Loader) -> str:
     ]
     head = ["| | PrfaaS-PD | homogeneous PD | naive heterogeneous |", "|---|---|---|---|"]
     return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("live-run3-summary")
+def live_run3_summary(load: Loader) -> str:
+    """README: the short form of docs/emulated.md's run 3 table, beside paper Table 6."""
+    run = load("live/paper-case-study-run3.json")
+    paper = load("reproduce.json")["reference"]
+    sy = [run["systems"][n] for n in _SYSTEMS]
+    base = paper["homogeneous_pd"]["lambda_max"]
+
+    def ratio(n: str) -> str:
+        if n == "homogeneous_pd":
+            return f"{run['live_ratios'][n]:.2f}x"
+        live = f"{run['live_ratios'][n]:.2f}x"
+        live = f"**{live}**" if n == "prfaas_pd" else live
+        return f"{live} ({run['sim_ratios'][n]:.2f}x, {paper[n]['lambda_max'] / base:.2f}x)"
+
+    def ttft(s: dict[str, Any]) -> str:
+        lv, sm = s["ttft_own70"]["live"]["ttft_s"], s["ttft_own70"]["sim"]["ttft_s"]
+        return f"{lv['p50']:.2f} / {lv['p90']:.2f} ({sm['p50']:.2f} / {sm['p90']:.2f})"
+
+    rows = [
+        ["paper Table 6 Λmax (req/s)", *(f"{paper[n]['lambda_max']:.2f}" for n in _SYSTEMS)],
+        ["simulator (4000-request search)", *(f"{s['sim_capacity_4000_rps']:.2f}" for s in sy)],
+        [f"simulator, the live probes ({run['options']['requests']} requests)",
+         *(f"{s['sim_capacity_rps']:.2f}" for s in sy)],
+        ["**live, emulated** (live / sim, same probes)",
+         *(f"**{s['live_capacity_rps']:.2f}** ({s['live_over_sim']:.2f})" for s in sy)],
+        ["throughput ratio live (sim, paper)", *map(ratio, _SYSTEMS)],
+        ["TTFT P50 / P90 s at 70% own capacity, live (sim)", *map(ttft, sy)],
+    ]
+    head = ["| | PrfaaS-PD | homogeneous PD | naive heterogeneous |", "|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
