@@ -445,3 +445,223 @@ def planner_reproduction(load: Loader) -> str:
                         ("naive_heterogeneous", "naive")):
         rows.append([f"TTFT mean / P90 {label}", ttft(ours[name]), ttft(paper[name]), ""])
     return "\n".join(["| | ours | paper | error |", "|---|---|---|---|", *map(_cells, rows)])
+
+
+_SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
+
+
+def _bracket(b: list[float], n: int, digits: int) -> str:
+    return f"[{b[0]:.{digits}f}, {b[1]:.{digits}f}] ({n})"
+
+
+@table("live-search-run4")
+def live_search_run4(load: Loader) -> str:
+    """docs/emulated.md: paper case study run 4, the same search live and simulated."""
+    run = load("live/paper-case-study-run4.json")
+    sy = [run["systems"][n] for n in _SYSTEMS]
+
+    def disagree(s: dict[str, Any]) -> str:
+        n = sum(p["sustained"] != p["sim_same_workload"]["sustained"] for p in s["probes"])
+        return f"{n} of {len(s['probes'])}"
+
+    def ttft(s: dict[str, Any]) -> str:
+        lv, sm = s["ttft_common"]["live"]["ttft_s"], s["ttft_common"]["sim"]["ttft_s"]
+        return f"{lv['p50']:.2f} / {lv['p90']:.2f} ({sm['p50']:.2f} / {sm['p90']:.2f})"
+
+    rows = [
+        ["live bracket [sustained, unsustained] (probes)",
+         *(_bracket(s["bracket_rps"], len(s["probes"]), 3) for s in sy)],
+        ["**live capacity** (highest sustained probe)",
+         *(f"**{s['live_capacity_rps']:.3f}**" for s in sy)],
+        ["simulator, same search: bracket (probes)",
+         *(_bracket(s["sim_bracket_rps"], len(s["sim_probes"]), 3) for s in sy)],
+        ["live / simulator (same search)", *(f"{s['live_over_sim']:.3f}" for s in sy)],
+        ["live probes the simulator judged otherwise (same workload)", *map(disagree, sy)],
+        ["simulator, 4000-request search", *(f"{s['sim_capacity_4000_rps']:.3f}" for s in sy)],
+        ["throughput ratio live (simulator)",
+         *(f"{run['live_ratios'][n]:.2f}x ({run['sim_ratios'][n]:.2f}x)" for n in _SYSTEMS)],
+        [f"TTFT P50 / P90 s at {run['common_rps']:.3f} req/s, live (sim), ready = KV at the "
+         "decoder", *map(ttft, sy)],
+        ["max CPU share of our processes", *(f"{s['max_cpu_share']:.0%}" for s in sy)],
+    ]
+    head = ["| | PrfaaS-PD | homogeneous PD | naive heterogeneous |", "|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("sim-search")
+def sim_search(load: Loader) -> str:
+    """docs/emulated.md: bench_live_sim_search.py, the live search run in the simulator only."""
+    rows = []
+    for file, label, short in (
+        ("paper-case-study", "paper case study", "paper case study"),
+        ("roofline-b200-qwen3-next", "roofline-b200-qwen3-next (time 0.5)",
+         "roofline-b200-qwen3-next"),
+    ):
+        sy = [load(f"live/sim-search-{file}.json")["systems"][n] for n in _SYSTEMS]
+        rows.append([f"{label}: search bracket (probes)",
+                     *(_bracket(s["sim_bracket_rps"], len(s["sim_probes"]), 2) for s in sy)])
+        rows.append([f"{short}: 4000-request search",
+                     *(f"{s['sim_capacity_4000_rps']:.2f}" for s in sy)])
+    head = ["| | PrfaaS-PD | homogeneous PD | naive heterogeneous |", "|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("link-fluctuation-run3")
+def link_fluctuation_run3(load: Loader) -> str:
+    """docs/emulated.md: the live link-fluctuation run 3, offered vs carried at the link."""
+    pol = load("live/link-fluctuation-run3.json")["policies"]
+    rows = []
+    for name in ("prfaas-threshold", "prfaas-threshold+controller"):
+        lv, sm = pol[name]["live"], pol[name]["sim"]
+        rows.append([
+            f"`{name}`",
+            f"{lv['dip_offered_egress_gbps']:.1f} / {sm['dip_offered_egress_gbps']:.1f}",
+            f"**{lv['dip_carried_gbps']:.1f} / {sm['dip_carried_gbps']:.1f}**",
+            f"{lv['dip_ttft_p99_s']:.1f} / {sm['dip_ttft_p99_s']:.1f}",
+            f"{lv['ttft_p99_s']:.1f} / {sm['ttft_p99_s']:.1f}",
+        ])
+    head = ["| policy | dip KV offered, Gbps: live / sim | **dip bytes carried by the link, "
+            "Gbps: live / sim** | dip P99 TTFT s: live / sim | P99 TTFT s: live / sim |",
+            "|---|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("router-scale")
+def router_scale(load: Loader) -> str:
+    """docs/simulator.md: bench_router_scale.py, µs per live routing decision, before/after."""
+    run = load("router_scale.json")
+
+    def cell(side: str, workers: int, policy: str) -> str:
+        row = next(r for r in run[side]["rows"]
+                   if r["workers"] == workers and r["policy"] == policy)
+        return f"{row['mean_us']:,.1f} ({row['p99_us']:,.1f})"
+
+    rows = [
+        [f"{w:,}", *(cell(side, w, p) for p in ("prfaas-threshold", "cache-aware")
+                     for side in ("before", "after"))]
+        for w in sorted({r["workers"] for r in run["after"]["rows"]})
+    ]
+    head = ["| workers | prfaas-threshold before | after | cache-aware before | after |",
+            "|---|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("sim-scale-curve")
+def sim_scale_curve(load: Loader) -> str:
+    """docs/simulator.md: bench_sim.py --scale (sim.json `scale_curve`), after and before."""
+    curve = load("sim.json")["scale_curve"]
+    before = {p["instances"]: p for p in curve["before"]["points"]}
+    rows = []
+    for p in curve["points"]:
+        b = before[p["instances"]]
+        rows.append([
+            f"{p['instances']:,} ({p['n_prfaas']}/{p['n_p']}/{p['n_d']})",
+            f"{p['rate_rps']:.3f}",
+            f"{p['events']:,}",
+            f"{p['wall_s']:g}",
+            f"{p['wall_per_request_us']:.1f}",
+            f"{p['peak_rss_mib']:.1f}",
+            f"{b['wall_s']:.3f}, {b['wall_per_request_us']:.1f}",
+        ])
+    head = ["| instances (PrfaaS/PD-P/PD-D) | rate (req/s) | events | wall (s) | µs / request | "
+            "peak RSS (MiB) | before: wall (s), µs / request |",
+            "|---|---|---|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("link-fluctuation-run2")
+def link_fluctuation_run2(load: Loader) -> str:
+    """docs/emulated.md: the live link-fluctuation run 2 (offered KV, before the link counter)."""
+    pol = load("live/link-fluctuation-run2.json")["policies"]
+    rows = []
+    for name, label in (("prfaas-threshold", "static t"), ("prfaas-threshold+controller",
+                                                              "controller")):
+        lv, sm = pol[name]["live"], pol[name]["sim"]
+        dip = f"{lv['dip_ttft_p99_s']:.1f} / {sm['dip_ttft_p99_s']:.1f}"
+        rows.append([
+            f"{label} (`{name}`)",
+            f"**{lv['dip_offered_egress_gbps']:.1f} / {sm['dip_offered_egress_gbps']:.1f}**",
+            f"**{dip}**" if label == "controller" else dip,
+            f"{lv['ttft_p99_s']:.1f} / {sm['ttft_p99_s']:.1f}",
+            f"{lv['dip_offered_fraction']:.2f} / {lv['dip_offload_fraction']:.2f} "
+            f"({sm['dip_offered_fraction']:.2f} / {sm['dip_offload_fraction']:.2f})",
+            f"{lv['requests'] - lv['completed']} of {lv['requests']:,}",
+        ])
+    head = ["| policy | KV offered during the dip, Gbps (capacity 10): live / sim | P99 TTFT of "
+            "dip arrivals, s: live / sim | P99 TTFT overall, s: live / sim | dip share sent to "
+            "PrfaaS / finally prefilled there, live (sim) | failed live |",
+            "|---|---|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("live-run3")
+def live_run3(load: Loader) -> str:
+    """docs/emulated.md: paper case study run 3 (the old search), beside paper Table 6."""
+    run = load("live/paper-case-study-run3.json")
+    paper = load("reproduce.json")["reference"]
+    sy = [run["systems"][n] for n in _SYSTEMS]
+
+    def ttft(side: str, key: str) -> list[str]:
+        return [f"{t['mean']:.2f} / {t['p50']:.2f} / {t['p90']:.2f}"
+                for t in (s[key][side]["ttft_s"] for s in sy)]
+
+    def err(s: dict[str, Any]) -> str:
+        lv, sm = s["ttft_own70"]["live"]["ttft_s"], s["ttft_own70"]["sim"]["ttft_s"]
+        return f"{lv['p50'] / sm['p50'] - 1:+.0%} / {lv['p90'] / sm['p90'] - 1:+.0%}"
+
+    ratios = [f"{run['live_ratios'][n]:.2f}x" for n in _SYSTEMS]
+    ratios[0] = f"**{ratios[0]}**"  # the issue's Must-show figure
+    ratios = [f"{r} ({run['sim_ratios'][n]:.2f}x)" for r, n in zip(ratios, _SYSTEMS, strict=True)]
+    at = f"at {run['common_rps']:.3f} req/s"
+    rows = [
+        ["paper Table 6 Λmax (req/s)", *(f"{paper[n]['lambda_max']:.2f}" for n in _SYSTEMS)],
+        ["simulator, 4000-request search", *(f"{s['sim_capacity_4000_rps']:.3f}" for s in sy)],
+        [f"simulator, the live probes ({run['options']['requests']} requests)",
+         *(f"{s['sim_capacity_rps']:.3f}" for s in sy)],
+        ["**live, emulated**", *(f"**{s['live_capacity_rps']:.3f}**" for s in sy)],
+        ["live / simulator (same probes)", *(f"{s['live_over_sim']:.3f}" for s in sy)],
+        ["throughput ratio live (simulator)", *ratios],
+        [f"TTFT mean / P50 / P90 s {at}, live", *ttft("live", "ttft_common")],
+        [f"TTFT mean / P50 / P90 s {at}, simulator", *ttft("sim", "ttft_common")],
+        ["TTFT at 70% own capacity, live", *ttft("live", "ttft_own70")],
+        ["TTFT at 70% own capacity, simulator", *ttft("sim", "ttft_own70")],
+        ["TTFT P50 / P90 error at 70%", *map(err, sy)],
+        ["egress Gbps at 90% own capacity, live / sim",
+         *(f"{s['ttft_own90']['live_egress_gbps']:.1f} / {s['ttft_own90']['sim_egress_gbps']:.1f}"
+           for s in sy)],
+    ]
+    head = ["| | PrfaaS-PD | homogeneous PD | naive heterogeneous |", "|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+@table("live-run3-summary")
+def live_run3_summary(load: Loader) -> str:
+    """README: the short form of docs/emulated.md's run 3 table, beside paper Table 6."""
+    run = load("live/paper-case-study-run3.json")
+    paper = load("reproduce.json")["reference"]
+    sy = [run["systems"][n] for n in _SYSTEMS]
+    base = paper["homogeneous_pd"]["lambda_max"]
+
+    def ratio(n: str) -> str:
+        if n == "homogeneous_pd":
+            return f"{run['live_ratios'][n]:.2f}x"
+        live = f"{run['live_ratios'][n]:.2f}x"
+        live = f"**{live}**" if n == "prfaas_pd" else live
+        return f"{live} ({run['sim_ratios'][n]:.2f}x, {paper[n]['lambda_max'] / base:.2f}x)"
+
+    def ttft(s: dict[str, Any]) -> str:
+        lv, sm = s["ttft_own70"]["live"]["ttft_s"], s["ttft_own70"]["sim"]["ttft_s"]
+        return f"{lv['p50']:.2f} / {lv['p90']:.2f} ({sm['p50']:.2f} / {sm['p90']:.2f})"
+
+    rows = [
+        ["paper Table 6 Λmax (req/s)", *(f"{paper[n]['lambda_max']:.2f}" for n in _SYSTEMS)],
+        ["simulator (4000-request search)", *(f"{s['sim_capacity_4000_rps']:.2f}" for s in sy)],
+        [f"simulator, the live probes ({run['options']['requests']} requests)",
+         *(f"{s['sim_capacity_rps']:.2f}" for s in sy)],
+        ["**live, emulated** (live / sim, same probes)",
+         *(f"**{s['live_capacity_rps']:.2f}** ({s['live_over_sim']:.2f})" for s in sy)],
+        ["throughput ratio live (sim, paper)", *map(ratio, _SYSTEMS)],
+        ["TTFT P50 / P90 s at 70% own capacity, live (sim)", *map(ttft, sy)],
+    ]
+    head = ["| | PrfaaS-PD | homogeneous PD | naive heterogeneous |", "|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
