@@ -209,8 +209,9 @@ def test_hybrid_any_length_stays_within_the_chunking_noise(live: dict, tolerance
 # Measured 2026-12-01 (AVX-512-BF16 host): a zeroed GDN recurrent state moved the logprobs by
 # only 7.9e-3 (both prompts; the genuine transfer: 0.0 and 7.9e-3), the size of the single
 # instance's own median chunking noise: this random-weight tiny model's output hardly depends
-# on the recurrent state, so a logprob comparison cannot see it. Kept, strict: it fails loudly
-# (XPASS) once a model or check can tell a zeroed state from a genuine one.
+# on the recurrent state, so a comparison within that noise cannot see it. Kept, strict: it
+# fails loudly (XPASS) once a model or check can tell a zeroed state from a genuine one within
+# the noise; at aligned lengths the exact comparison below does catch it.
 ZERO_STATE_UNSEEN = pytest.mark.xfail(strict=True, reason="the tiny model's logprobs barely "
                                       "depend on the GDN recurrent state (7.9e-3, at the noise)")
 
@@ -232,6 +233,28 @@ def test_wrong_state_or_kv_fails_the_same_comparison(live: dict, tolerance: floa
     live["errors"][fault] = min(wrong)
     assert max(genuine) < tolerance, genuine
     assert min(wrong) > tolerance, wrong
+
+
+# At lengths 1024k + 1 the decoder's step (token N alone from h(N-1) and the KV of N-1 tokens)
+# is the single instance's own last chunk: the same vLLM kernels on the same inputs on this CPU,
+# so a genuine transfer is bit-exact (vLLM against itself, not against another library: measured
+# 0.0 on every ALIGNED prompt, first token and all teacher-forced ones). That exactness is what
+# the noise-derived tolerance above cannot use, and what a zeroed recurrent state breaks.
+EXACT_SEEDS = {None: 41, "zero_state": 42, "foreign_conv": 43}
+
+
+@pytest.mark.parametrize("fault", ["zero_state", "foreign_conv"])
+def test_at_aligned_lengths_the_transfer_is_exact_and_a_wrong_state_is_not(
+        live: dict, fault: str) -> None:
+    """Genuine: 0.0 on an unseen aligned prompt; the control on another unseen one: > 0."""
+    [genuine_prompt] = prompts([2049], seed=EXACT_SEEDS[None] + len(fault))
+    [wrong_prompt] = prompts([2049], seed=EXACT_SEEDS[fault])
+    genuine = error(live, genuine_prompt)[1]
+    wrong = error(live, wrong_prompt, fault, stop_above=0.0)[1]
+    print(f"\naligned exact, {fault}: error {wrong:.2e} vs genuine {genuine:.2e}")
+    live["errors"][f"{fault} (aligned, exact)"] = wrong
+    assert genuine == 0.0, genuine
+    assert wrong > 0.0, wrong
 
 
 def test_hybrid_long_prompt_goes_through_the_router_on_prfaas(live: dict) -> None:
