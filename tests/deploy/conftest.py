@@ -34,7 +34,9 @@ class RayCluster:
     nodes: dict[str, str]  # custom resource -> node id (hex)
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: a session-scoped cluster (~0.8 GiB, a raylet per node) would
+# stay up through the rest of the suite after tests/deploy has finished with it.
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
     pytest.importorskip("ray")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
