@@ -73,7 +73,11 @@ def test_fluctuation_counts_what_the_policy_offered_the_link_failures_included()
     rec = RunRecord(judge(1.0, arrival, ready, finish), arrival, ready, finish, remote, 0.0,
                     4.0, offered=offered)
     kv = np.array([1e6, 2e6, 4e6, 8e6])
-    fig = _figures(rec, 0.5, 2.5, sc, kv)  # the dip holds arrivals 1 and 2
+    # the link's byte counter (live s, cumulative bytes): request 1's failed transfer put only
+    # 1.5 MB of its 2 MB on the wire during the dip, so what was carried is not what was offered
+    samples = [(0.0, 0.0), (0.5, 1e6), (2.5, 2.5e6), (4.0, 10.5e6)]
+    fig = _figures(rec, 0.5, 2.5, sc, kv, samples)  # the dip holds arrivals 1 and 2
     assert fig["dip_offered_egress_gbps"] == pytest.approx(2e6 * 8 / 2.0 / 1e9 * 0.5 / 1e-2,
                                                            rel=1e-3)
+    assert fig["dip_carried_gbps"] == pytest.approx(1.5e6 * 8 / 2.0 / 1e9 * 0.5 / 1e-2, rel=1e-3)
     assert fig["dip_offload_fraction"] == 0.0 and fig["dip_offered_fraction"] == 0.5

@@ -34,6 +34,7 @@ from vllm_live import (  # noqa: E402
     routed,
     topology,
     trace,
+    wait_healthy,
     workdir,
 )
 
@@ -236,6 +237,8 @@ def test_seeded_sampling_resumed_after_k_tokens_equals_the_uninterrupted_run(liv
     n, k = 24, 9
     seeded = {"temperature": 1.0, "seed": 1234}
     rows = []
+    for worker in (dep.topology.worker("prfaas-0"), dep.topology.by_role("pd-d")[0]):
+        wait_healthy(worker.url)  # straight to the instances: the kill test restarts prfaas-0
     for i, prompt in enumerate(prompts([300], seed=31)):
         full = pd_request(dep, prompt, n, 7_000_000 + 3 * i, **seeded)["choices"][0]["token_ids"]
         assert len(full) == n  # (no EOS in 24 samples from the tiny model's 1,000 tokens)

@@ -118,6 +118,15 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def wait_healthy(url: str, timeout_s: float = 600) -> None:
+    """Until `url`/health answers 200: an instance the supervisor restarts (after a kill test)
+    takes ~40 s, longer on a loaded host."""
+    deadline = time.monotonic() + timeout_s
+    while not _healthy(url):
+        assert time.monotonic() < deadline, f"{url} not healthy after {timeout_s:.0f} s"
+        time.sleep(0.5)
+
+
 def post(url: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[int, dict[str, Any]]:
     req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
