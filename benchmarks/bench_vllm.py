@@ -45,6 +45,7 @@ Writes benchmarks/results/vllm.json.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import json
 import os
@@ -189,7 +190,7 @@ def busiest(before: list[dict[str, Any]], after: list[dict[str, Any]],
 
 # -- the two stacks ------------------------------------------------------------------------
 
-class _Pair:
+class _Pair(abc.ABC):
     """A prefill (p) and a decode (d) vLLM instance, started together, stopped by pid."""
 
     name: str
@@ -206,8 +207,9 @@ class _Pair:
         self.p.stop()
         self.d.stop()
 
+    @abc.abstractmethod
     def run(self, ids: list[int]) -> dict[str, float]:
-        raise NotImplementedError
+        """One request through this stack: its timings (each stack sends it its own way)."""
 
     def measure(self, ids: list[int]) -> dict[str, float | None]:
         """One request through the pair plus the prefill instance's own metrics."""

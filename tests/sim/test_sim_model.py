@@ -5,16 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prfaas.scenario import Scenario, load_scenario
+from prfaas.scenario import Scenario
 from prfaas.sim.link import BYTES_PER_GBPS, LinkSchedule, SharedLink
 from prfaas.sim.run import simulate
 from prfaas.sim.system import build_system
 from prfaas.workload.requests import Workload
-
-
-@pytest.fixture(scope="module")
-def scenario() -> Scenario:
-    return load_scenario("paper-case-study")
 
 
 def one(input_tokens: int, output_tokens: int = 1024, at_s: float = 0.0) -> Workload:

@@ -12,25 +12,15 @@ import pytest
 from prfaas.cli import main
 from prfaas.core.errors import ConfigError
 from prfaas.policy.rebalancer import RebalancerConfig
-from prfaas.scenario import Scenario, load_scenario
+from prfaas.scenario import Scenario
 from prfaas.sim.link import LinkSchedule, SharedLink
 from prfaas.sim.outages import Outage, parse_outage
 from prfaas.sim.policy_run import run_policy
 from prfaas.sim.run import simulate
 from prfaas.sim.simulator import Simulator
-from prfaas.sim.system import SystemConfig, build_system
+from prfaas.sim.system import SystemConfig
 from prfaas.workload.arrivals import make_arrivals
 from prfaas.workload.requests import Workload, synthetic
-
-
-@pytest.fixture(scope="module")
-def scenario() -> Scenario:
-    return load_scenario("paper-case-study")
-
-
-@pytest.fixture(scope="module")
-def cfg(scenario: Scenario) -> SystemConfig:
-    return build_system(scenario, "prfaas_pd")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from prfaas.core.types import RouteDecision
-from prfaas.scenario import Scenario, load_scenario
+from prfaas.scenario import Scenario
 from prfaas.sim.instances import DecodeInstance, PrefillInstance
 from prfaas.sim.link import BYTES_PER_GBPS
 from prfaas.sim.load_index import LoadIndex
@@ -18,11 +18,6 @@ from prfaas.sim.simulator import Simulator
 from prfaas.sim.system import build_system
 from prfaas.workload.arrivals import make_arrivals
 from prfaas.workload.requests import Workload, synthetic
-
-
-@pytest.fixture(scope="module")
-def scenario() -> Scenario:
-    return load_scenario("paper-case-study")
 
 
 class Recorder(SimPlugin):

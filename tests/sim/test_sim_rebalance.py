@@ -9,16 +9,11 @@ import pytest
 
 from prfaas.planner.search import plan_all
 from prfaas.policy.rebalancer import RebalancerConfig
-from prfaas.scenario import Scenario, load_scenario
+from prfaas.scenario import Scenario
 from prfaas.sim.run import simulate
 from prfaas.sim.system import build_system
 from prfaas.workload.arrivals import make_arrivals
 from prfaas.workload.requests import synthetic
-
-
-@pytest.fixture(scope="module")
-def scenario() -> Scenario:
-    return load_scenario("paper-case-study")
 
 
 def off_and_on(s: Scenario, n_p: int, n_d: int, rate: float, n: int

@@ -13,26 +13,16 @@ import numpy as np
 import pytest
 
 from prfaas.cli import main
-from prfaas.scenario import Scenario, load_scenario
+from prfaas.scenario import Scenario
 from prfaas.sim import failover
 from prfaas.sim.outages import parse_outage
 from prfaas.sim.run import simulate
 from prfaas.sim.simulator import Simulator
-from prfaas.sim.system import SystemConfig, build_system
+from prfaas.sim.system import SystemConfig
 from prfaas.workload.arrivals import make_arrivals
 from prfaas.workload.requests import Workload, synthetic
 
 LIMIT = 4
-
-
-@pytest.fixture(scope="module")
-def scenario() -> Scenario:
-    return load_scenario("paper-case-study")
-
-
-@pytest.fixture(scope="module")
-def cfg(scenario: Scenario) -> SystemConfig:
-    return build_system(scenario, "prfaas_pd")
 
 
 @pytest.fixture(scope="module")
