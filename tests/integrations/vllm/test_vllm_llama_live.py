@@ -117,19 +117,30 @@ def reference_text(live: dict, n: int) -> list[int]:
 
 
 def test_first_layer_kv_arrives_before_the_prefill_ends(live: dict) -> None:
-    """One 1000-token chunk: layer 0's blocks reach the decoder while layers 1-3 compute."""
-    [prompt] = prompts([1000], seed=3)
-    routed(live["routers"]["all-prfaas"].url, prompt, 2)
-    sent = [e for e in trace(live["traces"], "prfaas-0") if e["ev"] == "prefill_end"]
-    tid = sent[-1]["tid"]
-    prefill_end = sent[-1]["t"]
-    layers = [e for e in trace(live["traces"], "prfaas-0") if e["tid"] == tid
-              and e["ev"] == "layer"]
-    arrived = {e["layer"]: e["t"] for e in trace(live["traces"], "pdd-0")
-               if e["tid"] == tid and e["ev"] == "tensor" and e["name"].startswith("b")}
-    assert [e["layer"] for e in layers] == [0, 1, 2, 3]
-    assert arrived[0] < layers[-1]["t"] < prefill_end  # layer 0 in before layer 3 was computed
-    assert arrived[0] < arrived[3]
+    """One 1000-token chunk: layer 0's blocks reach the decoder while layers 1-3 compute.
+
+    The overlap is a race between the sender's thread and the decoder's receive thread on a
+    2-core host that other tests may load (CI saw layer 0 land 0.7 ms after layer 3 was
+    computed, once). So up to five prompts are tried and the overlap must show in at least one.
+    A connector that shipped the KV after the prefill ended could never show it: every arrival
+    would follow `prefill_end`, in every try."""
+    seen = []
+    for seed in range(3, 8):
+        [prompt] = prompts([1000], seed=seed)
+        routed(live["routers"]["all-prfaas"].url, prompt, 2)
+        sent = [e for e in trace(live["traces"], "prfaas-0") if e["ev"] == "prefill_end"]
+        tid = sent[-1]["tid"]
+        prefill_end = sent[-1]["t"]
+        layers = [e for e in trace(live["traces"], "prfaas-0") if e["tid"] == tid
+                  and e["ev"] == "layer"]
+        arrived = {e["layer"]: e["t"] for e in trace(live["traces"], "pdd-0")
+                   if e["tid"] == tid and e["ev"] == "tensor" and e["name"].startswith("b")}
+        assert [e["layer"] for e in layers] == [0, 1, 2, 3]
+        assert layers[-1]["t"] < prefill_end and arrived[0] < arrived[3]
+        seen.append((arrived[0], layers[-1]["t"]))
+        if arrived[0] < layers[-1]["t"]:  # layer 0 in before layer 3 was computed
+            return
+    raise AssertionError(f"layer 0 never arrived before layer 3 was computed: {seen}")
 
 
 class CorruptingProxy:
