@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from prfaas.security.certs import ROUTER, Member, init_certs
-from prfaas.serve.topology import load_topology
+from prfaas.serve.deploy.ray.spec import read_ray_topology
 
 
 @click.group("certs")
@@ -21,7 +21,7 @@ def command() -> None:
 @click.option("--days", type=int, default=365, show_default=True, help="Validity.")
 def init(topology_path: str | None, out_dir: str, days: int) -> None:
     """A fresh CA and one certificate + key for every worker and for `router`."""
-    topo = load_topology(topology_path)
+    topo, _ = read_ray_topology(topology_path)  # a Ray topology's `ray:` section is skipped
     members = [Member(w.name, w.host) for w in topo.workers]
     members.append(Member(ROUTER, topo.router_host))
     issued = init_certs(members, out_dir, days)

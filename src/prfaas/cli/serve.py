@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from prfaas.serve.deploy.ray.spec import RaySpec as RaySpecT
 
 
-def _deployment(topo: Topology, log_dir: str | None, key: str | None, ray_address: str | None,
-                ray_spec: RaySpecT | None) -> Deployment | RayDeploymentT:
+def _deployment(topo: Topology, log_dir: str | None, key: str | None,
+                ray_address: str | dict[str, str] | None, ray_spec: RaySpecT | None
+                ) -> Deployment | RayDeploymentT:
     def log(m: str) -> None:
         click.echo(f"launcher: {m}", err=True)
 
@@ -64,15 +65,21 @@ def _raise_stop(signum: int, _: FrameType | None) -> None:
               help="With --scenario: prfaas_pd | homogeneous_pd | naive_heterogeneous.")
 @click.option("--scales", "scales_text", default=None, metavar="time=A,bytes=B,tokens=D,output=G",
               help="With --scenario: the emulation's unit scales (docs/emulated.md).")
-@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
-              help="Run the router and workers on the Ray cluster at ADDRESS (host:port of its "
-              "GCS), placed by the topology's `ray:` resources (docs/deploy.md).")
+@click.option("--ray", "ray_values", multiple=True, metavar="ADDRESS|RESOURCE=ADDRESS",
+              help="Run the router and workers on the Ray cluster at ADDRESS (its GCS host:port, "
+              "or ray://HEAD:PORT), placed by the topology's `ray:` resources; or one cluster per "
+              "datacenter, repeated: --ray dc_prfaas=ADDR --ray dc_local=ADDR (docs/deploy.md).")
 def command(topology_path: str | None, port: int | None, policy: str | None,
             api_key: str | None, protect_metrics: bool,
             threshold_tokens: int | None, log_dir: str | None, scenario_name: str | None,
-            system: str, scales_text: str | None, ray_address: str | None) -> None:
+            system: str, scales_text: str | None, ray_values: tuple[str, ...]) -> None:
     """Start the router and every worker of the topology as processes on this host."""
     ray_spec = None
+    ray_address: str | dict[str, str] | None = None
+    if ray_values:
+        from prfaas.serve.deploy.ray.spec import parse_ray_addresses
+
+        ray_address = parse_ray_addresses(ray_values)
     if scenario_name is not None:
         from prfaas.emulated.cli import scenario_topology
 

@@ -108,6 +108,21 @@ class NetnsLink:
         _run("ip", "netns", "exec", self.name, "ip", "link", "set", f"pfn{self.index}",
              "up" if up else "down")
 
+    def route_via_host(self) -> None:
+        """A default route out of the namespace through the host end, so a process inside
+        reaches the host's own addresses (a Ray node there binds the host's primary address,
+        not the veth's); the host does the rest as for any local address."""
+        _run("ip", "netns", "exec", self.name, "ip", "route", "add", "default", "via",
+             self.host_ip)
+
+    def qdisc_sent_bytes(self) -> int:
+        """Bytes the namespace side's tbf qdisc has sent (tc's own counter of the shaper)."""
+        done = subprocess.run(["ip", "netns", "exec", self.name, "tc", "-s", "qdisc", "show",
+                               "dev", f"pfn{self.index}"], capture_output=True, text=True,
+                              timeout=20, check=True)
+        words = done.stdout.split()
+        return int(words[words.index("Sent") + 1])
+
     def carried_bytes(self) -> int:
         """Bytes the shaped direction has delivered so far: the host end's receive counter
         (what left the namespace through tbf: KV, plus TCP/IP headers and the PrfaaS workers'

@@ -18,6 +18,7 @@ import ctypes
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ from typing import Any
 
 import ray
 
+from prfaas.security.tls import Identity
 from prfaas.serve.placement import NODE_ID_ENV
 
 PR_SET_PDEATHSIG = 1
@@ -50,6 +52,20 @@ def free_ports(host: str, count: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def _probe_context(topology_text: str) -> ssl.SSLContext | None:
+    """Under `security.tls`, the router's identity (from the certificate folder on this node)
+    for probing a PrfaaS worker's HTTPS /health, as the embedded launcher does; the hostname
+    check is skipped (a worker's address is its node's), the chain is verified."""
+    import yaml
+
+    tls = (yaml.safe_load(topology_text).get("security") or {}).get("tls")
+    if not isinstance(tls, dict):
+        return None
+    ctx = Identity.load(tls["dir"], "router").client_context()
+    ctx.check_hostname = False
+    return ctx
 
 
 @ray.remote(num_cpus=0)
@@ -75,6 +91,7 @@ class ComponentActor:
         self.node_id: str = ctx.get_node_id()
         self.ip: str = ray.util.get_node_ip_address()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.probe_tls: ssl.SSLContext | None = None  # the router's identity, under TLS
         self.stopping = False
         self.restarted = ctx.was_current_actor_reconstructed
         text = ray.get(store.get.remote())
@@ -89,6 +106,7 @@ class ComponentActor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / f"topology.{self.name}.yaml"  # this node's copy
         path.write_text(topology_text)
+        self.probe_tls = _probe_context(topology_text)
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", NODE_ID_ENV: self.node_id}
         with open(self.log_dir / f"{self.name}.log", "ab") as log:
             log.write(f"--- {time.strftime('%H:%M:%S')} start on node {self.node_id} "
@@ -118,7 +136,8 @@ class ComponentActor:
                 raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}:\n"
                                    f"{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1.0) as resp:
+                with urllib.request.urlopen(f"{url}/health", timeout=1.0,
+                                            context=self.probe_tls) as resp:
                     if resp.status == 200:
                         return self.proc.pid
             except (urllib.error.URLError, OSError, ValueError):

@@ -60,8 +60,45 @@ class RaySpec:
         if topology.link.emulation == "netns":
             raise ConfigError("link.emulation", "netns",
                               "not with --ray (the namespace is made by the embedded launcher)")
-        if topology.security.tls:
-            raise ConfigError("security.tls", True, "not yet with --ray (docs/deploy.md)")
+
+    def clusters(self, topology: Topology, addresses: dict[str, str]) -> dict[str, list[str]]:
+        """Component names by the address of the Ray cluster they run on (`--ray R=ADDR`, one
+        per datacenter). A component goes to the cluster keyed by its resource; the router,
+        unless its resource is keyed, to the cluster of the `pd-d` workers (the local DC)."""
+        out: dict[str, list[str]] = {}
+        for w in topology.workers:
+            resource = self.resource_of(topology, w.name)
+            if resource not in addresses:
+                raise ConfigError("--ray", resource, f"no cluster for {w.name}'s resource; "
+                                  f"given: {', '.join(sorted(addresses))}")
+            out.setdefault(addresses[resource], []).append(w.name)
+        router = self.resources[ROUTER]
+        if router not in addresses:
+            router = self.resources["pd-d"]
+            if router not in addresses:
+                raise ConfigError("--ray", self.resources[ROUTER],
+                                  "no cluster for the router: key its resource or the pd-d "
+                                  "workers' one")
+        out.setdefault(addresses[router], []).append(ROUTER)
+        return out
+
+
+def parse_ray_addresses(values: tuple[str, ...] | list[str]) -> str | dict[str, str]:
+    """`--ray` values: one ADDRESS (one cluster), or RESOURCE=ADDRESS per datacenter."""
+    if not values:
+        raise ConfigError("--ray", "", "needs an address")
+    if len(values) == 1 and "=" not in values[0]:
+        return values[0]
+    out: dict[str, str] = {}
+    for value in values:
+        key, sep, address = value.partition("=")
+        if not sep or not key or not address:
+            raise ConfigError("--ray", value, "with several clusters each must be "
+                              "RESOURCE=ADDRESS (e.g. dc_prfaas=ray://HEAD:10001)")
+        if key in out:
+            raise ConfigError("--ray", key, "given twice")
+        out[key] = address
+    return out
 
 
 def parse_ray(raw: object) -> RaySpec:
@@ -83,7 +120,15 @@ def parse_ray(raw: object) -> RaySpec:
 
 
 def load_ray_topology(path: str | Path | None) -> tuple[Topology, RaySpec]:
-    """The topology file without its `ray:` section, and that section (defaults if absent)."""
+    """The topology file without its `ray:` section, and that section (defaults if absent),
+    checked for `--ray`."""
+    topology, spec = read_ray_topology(path)
+    spec.check(topology)
+    return topology, spec
+
+
+def read_ray_topology(path: str | Path | None) -> tuple[Topology, RaySpec]:
+    """As load_ray_topology, unchecked (`prfaas certs init` reads any topology file)."""
     if path is None:
         topology, spec = load_topology(None), RaySpec()
     else:
@@ -96,5 +141,4 @@ def load_ray_topology(path: str | Path | None) -> tuple[Topology, RaySpec]:
             raise ConfigError("topology", str(p), f"invalid YAML: {exc}") from exc
         section = raw.pop("ray", None) if isinstance(raw, dict) else None
         topology, spec = parse_topology(raw, str(p), p.parent), parse_ray(section)
-    spec.check(topology)
     return topology, spec
