@@ -137,12 +137,13 @@ def test_two_clusters_across_the_shaped_link(two_dcs: Any, engine: Any, tmp_path
 
     # the link's own counters. Control: the short prompts' KV (pd-p -> pd-d, reported by the
     # router) stays in the local DC, so the link carries only health replies and Ray Client
-    # chatter meanwhile. The long prompts' KV must all cross it (>= what the router reports),
-    # plus at most TCP/IP/Ethernet headers (<= ~5% at a 1500-byte MTU), TLS records (22 B per
-    # 16 KiB) and that background (256 KiB is over 10x what the control phase shows here)
+    # chatter meanwhile (0-496 B in the runs here). The long prompts' KV must all cross it
+    # (>= what the router reports), plus at most TCP/IP/Ethernet headers (<= ~5% at a
+    # 1500-byte MTU), TLS records (22 B per 16 KiB) and that background (256 KiB: over 100x
+    # what the control phase shows here)
     short_kv = sum(r["prfaas"]["kv_bytes"] for r in short_replies)
     long_kv = sum(r["prfaas"]["kv_bytes"] for r in long_replies)
-    assert short_kv > 0 and short_rx < 64 * 1024 and short_rx < long_kv / 10
+    assert short_kv > 0 and short_rx < short_kv / 10  # had it crossed: short_rx >= short_kv
     assert long_kv <= long_rx <= 1.15 * long_kv + 256 * 1024
     assert long_kv <= long_tbf
     assert proc.returncode == 0

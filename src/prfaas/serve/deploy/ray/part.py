@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -239,4 +240,6 @@ def _serve(stdin: IO[str], stdout: IO[str]) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C reaches the whole process group: the parent orders the stop (router first)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _serve(sys.stdin, sys.stdout)
