@@ -3,12 +3,13 @@ capacity search and the fairness experiment.
 
 Metrics per PD cluster, as the one-cluster simulator's (sim/metrics.py): throughput_rps =
 completions inside the steady window [first arrival + span/4, last arrival] over its length;
-ttft = arrival to KV at the decoder; egress_gbps = KV bytes sent to that cluster over its arrival
-span; queue growth = mean requests in its system seen by arrivals in the last quarter minus the
-second quarter. A cluster sustains its rate when throughput >= 98% of it and its queue does not
-grow (sim/capacity.py's rule); the system sustains a rate vector when every cluster does.
-Capacity is searched along the plan's mix (rates s x lambda_k of the plan; capacity =
-s* x sum lambda_k), with the one-cluster bracket-then-bisect search and the same seed per probe.
+ttft = arrival to KV at the decoder; egress_gbps = KV bytes sent to that cluster from its first
+arrival to its last remote KV arrival (the span its link carried them in); queue growth = mean
+requests in its system seen by arrivals in the last quarter minus the second quarter. A cluster
+sustains its rate when throughput >= 98% of it and its queue does not grow (sim/capacity.py's
+rule); the system sustains a rate vector when every cluster does. Capacity is searched along
+the plan's mix (rates s x lambda_k of the plan; capacity = s* x sum lambda_k), with the
+one-cluster bracket-then-bisect search and the same seed per probe.
 """
 
 from __future__ import annotations
@@ -101,12 +102,15 @@ def _cluster_metrics(reg: Any) -> dict[str, Any]:
     growth = float(q4.mean() - q2.mean()) if q2.size and q4.size else 0.0
     ttft = reg.kv_at - arr
     offered = reg.work.offered_rps()
+    remote_end = reg.kv_at[reg.offloaded]
+    egress_end = float(np.nanmax(remote_end)) if np.isfinite(remote_end).any() else last
     return {"offered_rps": round(offered, 6), "throughput_rps": round(throughput, 6),
             "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90),
             "ttft_mean_s": round(float(np.nanmean(ttft)), 6) if np.isfinite(ttft).any()
             else None,
             "offload_fraction": round(float(reg.offloaded.mean()), 6),
-            "egress_gbps": round(reg.link.bytes_sent * 8 / 1e9 / max(last - first, 1e-9), 4),
+            "egress_gbps": round(reg.link.bytes_sent * 8 / 1e9 / max(egress_end - first, 1e-9),
+                                 4),
             "threshold_tokens_last": reg.control.threshold_tokens,
             "threshold_changes": reg.control.changes,
             "requests": int(n), "completed": int(done.size),
