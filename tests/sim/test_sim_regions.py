@@ -53,9 +53,15 @@ def test_a_short_run_keeps_up_and_is_deterministic(two: Scenario, plan: MultiPla
 
 def test_capacity_is_within_3_percent_of_the_exact_plan(two: Scenario, plan: MultiPlan
                                                         ) -> None:
-    result = find_region_capacity(two, plan, build_regions(two, plan), requests=4000)
-    assert result["max_rps"] == pytest.approx(plan.lambda_max, rel=0.03)
-    assert any(not p["sustainable"] for p in result["probes"])  # the search found an edge
+    """The median over seeds 0-2 (one seed's search moves by up to ~8% on this scenario, where
+    near's PD-P, its decode and the shared PrfaaS pool are all at the plan's edge at once:
+    docs/multi-region.md lists every seed's figure)."""
+    cfg = build_regions(two, plan)
+    results = [find_region_capacity(two, plan, cfg, requests=4000, seed=seed)
+               for seed in (0, 1, 2)]
+    median = sorted(r["max_rps"] for r in results)[1]
+    assert median == pytest.approx(plan.lambda_max, rel=0.03)
+    assert all(any(not p["sustainable"] for p in r["probes"]) for r in results)  # an edge
 
 
 def test_drr_protects_the_other_region_and_fcfs_does_not(two: Scenario, plan: MultiPlan
