@@ -85,14 +85,21 @@ def test_egress_budget_admits_within_budget_and_one_job_when_idle() -> None:
         EgressBudget(0.0)
 
 
-def test_destination_threshold_rises_under_a_remote_backlog_and_returns_to_plan() -> None:
-    ctl = DestinationThreshold(planned_tokens=20_000, max_tokens=131_072, limit_s=10.0)
+def test_destination_threshold_follows_the_longer_wait_and_returns_to_plan() -> None:
+    ctl = DestinationThreshold(planned_tokens=20_000, max_tokens=131_072, min_tokens=127,
+                               limit_s=10.0)
     assert ctl.update(prfaas_wait_s=5.0, local_wait_s=1.0) == 20_000  # under the limit
     for _ in range(5):
         ctl.update(prfaas_wait_s=60.0, local_wait_s=5.0)
     raised = ctl.threshold_tokens
     assert raised > 30_000
-    assert ctl.update(prfaas_wait_s=60.0, local_wait_s=90.0) == raised  # local is worse
+    assert ctl.update(prfaas_wait_s=60.0, local_wait_s=50.0) == raised  # not 2x the other
     for _ in range(50):
-        ctl.update(prfaas_wait_s=0.5, local_wait_s=5.0)
-    assert ctl.threshold_tokens == 20_000  # never below the plan
+        ctl.update(prfaas_wait_s=0.5, local_wait_s=1.0)
+    assert ctl.threshold_tokens == 20_000  # both drained: back to the plan
+    for _ in range(5):
+        ctl.update(prfaas_wait_s=1.0, local_wait_s=60.0)
+    assert ctl.threshold_tokens < 13_000  # PD-P backed up: more offloads
+    for _ in range(200):
+        ctl.update(prfaas_wait_s=1.0, local_wait_s=600.0)
+    assert ctl.threshold_tokens == 127  # never below min_tokens

@@ -39,6 +39,7 @@ class RegionSetup:
     name: str
     threshold_tokens: int
     max_tokens: int
+    min_tokens: int
     n_p: int
     n_d: int
     bs_max: int
@@ -90,7 +91,8 @@ class _Region:
         self.busy_prfaas_s = 0.0
         self.in_system = 0
         self.budget = EgressBudget(setup.budget_gbps)
-        self.control = DestinationThreshold(setup.threshold_tokens, setup.max_tokens)
+        self.control = DestinationThreshold(setup.threshold_tokens, setup.max_tokens,
+                                            setup.min_tokens)
 
 
 class RegionsSimulator:

@@ -40,7 +40,8 @@ def build_regions(s: Scenario, plan: MultiPlan, share_policy: str = "drr",
         tokens_rps = p.lambda_max * p.offload_fraction * (p.l_long_tokens or 0.0)
         regions.append(RegionSetup(
             name=r.name, threshold_tokens=int(p.threshold_tokens or r.lengths.hi),
-            max_tokens=r.lengths.hi, n_p=p.n_p or 0, n_d=p.n_d, bs_max=d.bs_max,
+            max_tokens=r.lengths.hi, min_tokens=max(r.lengths.lo - 1, 0), n_p=p.n_p or 0,
+            n_d=p.n_d, bs_max=d.bs_max,
             step_s=d.step_at(d.bs_max), pd_prefill=r.pool.hardware.require_prefill(),
             link_gbps=r.tcp.effective_gbps(r.link_gbps),
             flow_cap_gbps=r.tcp.transfer_cap_gbps(), rtt_s=r.tcp.rtt_s,
