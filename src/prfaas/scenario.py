@@ -21,6 +21,12 @@ field and value. It is never mutated; planner, simulator and CLI read it. The sc
     workload: {input: LENGTHS, output_tokens}
     planner: {t_step_tokens, mode}
     reference: paper figures to print beside ours (optional, free-form)
+    pd_clusters: several PD clusters sharing the PrfaaS cluster (optional):
+        [{name, hardware, instances, link: LINK + egress_budget_gbps,
+          workload: {input, output_tokens, rate_rps}, tenant_weight}]; `clusters.pd`, `link`
+        and `workload` then default to the first one's; baselines.whole_request_routing:
+        {hardware, instances} is what replaces the PrfaaS cluster under whole-request routing
+        (default: the PrfaaS instance count on the first PD cluster's hardware).
 """
 
 from __future__ import annotations
@@ -81,10 +87,36 @@ class Scenario:
     reference: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     path: str = ""
+    pd_clusters: tuple[PdCluster, ...] = ()  # empty: the one PD cluster above
+    # with pd_clusters: what whole-request routing gets in place of the PrfaaS cluster
+    whole_request_extra: Pool | None = None
+
+
+@dataclass(frozen=True)
+class PdCluster:
+    """One of several PD clusters served by the PrfaaS cluster: its pool, its own link to the
+    PrfaaS cluster, its own workload, and its weight as a PrfaaS tenant."""
+
+    name: str
+    pool: Pool
+    link_gbps: float
+    tcp: TcpPath
+    egress_budget_gbps: float | None  # a cap on the PrfaaS egress toward it (None: the link's)
+    lengths: LengthDistribution
+    output_tokens: int
+    rate_rps: float | None  # its offered rate (None: a fraction of its planned capacity)
+    tenant_weight: float
+
+    @property
+    def usable_gbps(self) -> float:
+        """What the PrfaaS cluster may send it: the link's TCP-effective rate, capped by the
+        egress budget."""
+        eff = self.tcp.effective_gbps(self.link_gbps)
+        return eff if self.egress_budget_gbps is None else min(eff, self.egress_budget_gbps)
 
 
 _TOP_KEYS = {"name", "description", "model", "kv", "hardware", "clusters", "baselines", "link",
-             "workload", "planner", "reference", "simulation", "policy", "cache"}
+             "workload", "planner", "reference", "simulation", "policy", "cache", "pd_clusters"}
 
 
 def _mapping(raw: object, where: str) -> dict[str, Any]:
@@ -224,6 +256,8 @@ def _pool(raw: object, where: str, hardware: dict[str, HardwareProfile]) -> Pool
 def parse_scenario(raw: object, path: str = "") -> Scenario:
     raw = _mapping(raw, "scenario")
     _check_keys(raw, _TOP_KEYS, "scenario")
+    if "pd_clusters" in raw:
+        return _parse_regions(raw, path)
     model = resolve_model(str(raw["model"])) if raw.get("model") else None
     kv = _kv(raw.get("kv", {"from": "model"}), model, path)
     hardware = _hardware(raw.get("hardware"), kv, model, path)
@@ -277,6 +311,69 @@ def _tcp(link: dict[str, Any]) -> TcpPath:
         else DEFAULT_MSS_BYTES,
         per_connection_gbps=None if per is None else _number(link, "per_connection_gbps",
                                                              "link"))
+
+
+_REGION_KEYS = {"name", "hardware", "instances", "link", "workload", "tenant_weight"}
+_LINK_KEYS = {"gbps", "rtt_ms", "loss", "mss_bytes", "connections", "per_connection_gbps",
+              "egress_budget_gbps", "source"}
+
+
+def _parse_regions(raw: dict[str, Any], path: str) -> Scenario:
+    """A scenario with `pd_clusters:`. The single-cluster fields (`clusters.pd`, `link`,
+    `workload`) default to the first PD cluster's, so single-cluster commands read the first
+    region; the regions themselves are in `Scenario.pd_clusters`."""
+    regions = raw["pd_clusters"]
+    if not isinstance(regions, list) or not regions:
+        raise ConfigError("pd_clusters", regions, "need a list of at least one PD cluster")
+    first = _mapping(regions[0], "pd_clusters[0]")
+    single = {k: v for k, v in raw.items() if k != "pd_clusters"}
+    clusters = dict(_mapping(raw.get("clusters", {}), "clusters"))
+    clusters.setdefault("pd", {"hardware": first.get("hardware"),
+                               "instances": first.get("instances")})
+    single["clusters"] = clusters
+    first_link = _mapping(first.get("link"), "pd_clusters[0].link")
+    single.setdefault("link", {k: v for k, v in first_link.items()
+                               if k not in ("egress_budget_gbps", "source")})
+    first_work = _mapping(first.get("workload"), "pd_clusters[0].workload")
+    single.setdefault("workload", {k: v for k, v in first_work.items() if k != "rate_rps"})
+    base = parse_scenario(single, path)
+    parsed = tuple(_region(r, i, base) for i, r in enumerate(regions))
+    names = [r.name for r in parsed]
+    if len(set(names)) != len(names):
+        raise ConfigError("pd_clusters.name", names, "names must be unique")
+    extra_raw = _mapping(raw.get("baselines", {}), "baselines").get(
+        "whole_request_routing", {"hardware": parsed[0].pool.hardware.name,
+                                  "instances": base.prfaas.instances})
+    extra = _pool(extra_raw, "baselines.whole_request_routing", base.hardware)
+    return replace(base, pd_clusters=parsed, whole_request_extra=extra, raw=raw)
+
+
+def _region(raw: object, i: int, base: Scenario) -> PdCluster:
+    where = f"pd_clusters[{i}]"
+    raw = _mapping(raw, where)
+    _check_keys(raw, _REGION_KEYS, where)
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}.name", name, "need a non-empty name")
+    pool = _pool({"hardware": raw.get("hardware"), "instances": raw.get("instances")}, where,
+                 base.hardware)
+    if pool.instances < 2:
+        raise ConfigError(f"{where}.instances", pool.instances,
+                          "a PD cluster needs at least 2 instances (one prefill, one decode)")
+    link = _mapping(raw.get("link"), f"{where}.link")
+    _check_keys(link, _LINK_KEYS, f"{where}.link")
+    work = _mapping(raw.get("workload"), f"{where}.workload")
+    _check_keys(work, {"input", "output_tokens", "rate_rps"}, f"{where}.workload")
+    budget = link.get("egress_budget_gbps")
+    return PdCluster(
+        name=name, pool=pool, link_gbps=_number(link, "gbps", f"{where}.link"), tcp=_tcp(link),
+        egress_budget_gbps=None if budget is None
+        else _number(link, "egress_budget_gbps", f"{where}.link"),
+        lengths=from_config(_mapping(work.get("input"), f"{where}.workload.input"),
+                            f"{where}.workload.input"),
+        output_tokens=_count(work, "output_tokens", f"{where}.workload"),
+        rate_rps=_number(work, "rate_rps", f"{where}.workload") if "rate_rps" in work else None,
+        tenant_weight=_number(raw, "tenant_weight", where) if "tenant_weight" in raw else 1.0)
 
 
 def builtin_scenarios() -> list[str]:

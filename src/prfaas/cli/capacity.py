@@ -9,6 +9,7 @@ import click
 from prfaas.cli.common import console, echo_json
 from prfaas.cli.simulate import config_from, system_options
 from prfaas.planner.search import plan_all
+from prfaas.scenario import load_scenario
 from prfaas.sim.capacity import CapacityResult, Probe, find_capacity, search_rates
 from prfaas.workload.arrivals import make_arrivals
 
@@ -28,6 +29,12 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             arrivals: str, seed: int, requests: int, as_json: bool,
             ray_address: str | None) -> None:
     """Search the offered rate: sustainable = throughput >= 98% of offered, no growing queue."""
+    scenario = load_scenario(scenario_name)
+    if scenario.pd_clusters:  # several PD clusters: along the plan's mix, PrfaaS-PD with DRR
+        from prfaas.cli.regions import capacity_command
+
+        capacity_command(scenario, "drr", "throughput", requests, seed, arrivals, as_json)
+        return
     process = make_arrivals(arrivals)
     scenario, cfg, planned = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
                                          no_pipeline, prefill_order)

@@ -19,11 +19,20 @@ from prfaas.scenario import load_scenario
 @click.option("--mode", type=click.Choice(["paper", "exact"]), default=None,
               help="paper: T(E[L]) as the paper; exact: E[T(L)] (default: the scenario's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--objective", type=click.Choice(["throughput", "fair"]), default="throughput",
+              show_default=True, help="With several PD clusters: total throughput, or the "
+              "weighted fair share (docs/multi-region.md).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
               help="Write the two panels of Figure 5 as PNG into this folder.")
-def command(scenario_name: str, mode: str | None, as_json: bool, plot_dir: str | None) -> None:
+def command(scenario_name: str, mode: str | None, as_json: bool, plot_dir: str | None,
+            objective: str = "throughput") -> None:
     """Optimal threshold t, N_p:N_d split, capacity and egress of the three systems."""
     scenario = load_scenario(scenario_name)
+    if scenario.pd_clusters:
+        from prfaas.cli.regions import plan_command
+
+        plan_command(scenario, mode, objective, as_json)
+        return
     start = time.perf_counter()
     result = plan_all(scenario, mode)
     elapsed = time.perf_counter() - start

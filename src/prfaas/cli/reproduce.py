@@ -52,6 +52,14 @@ def command(scenario_name: str, out_dir: str, live: bool, quick: bool,
     if outage_text and not live:
         raise ConfigError("--outage", outage_text, "needs --live (the simulated outage is "
                           "`prfaas simulate --outage`)")
+    if scenario.pd_clusters:
+        if live:
+            raise ConfigError("--live", True, "several PD clusters run live is not built yet "
+                              "(issue 22 item 4); drop --live for the plan and simulation")
+        from prfaas.cli.regions import reproduce_command
+
+        reproduce_command(scenario, Path(out_dir))
+        return
     if live and outage_text:
         from prfaas.experiments.report import run_outage_command
 

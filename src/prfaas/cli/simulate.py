@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from prfaas.cli.common import console, dumps, echo_json
+from prfaas.core.errors import ConfigError
 from prfaas.policy.rebalancer import RebalancerConfig
 from prfaas.scenario import load_scenario
 from prfaas.sim.link import LinkSchedule
@@ -100,6 +101,13 @@ def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int
               help="Requests waiting for their first token at one prefill instance before the "
               "next spills to the other route (rejected when both are full), as the live "
               "router's admission.max_queued_per_prefill; JSON gets spilled and queue_full.")
+@click.option("--rate-of", "rate_of", multiple=True, metavar="NAME=R",
+              help="With several PD clusters: cluster NAME's offered rate (repeatable; "
+              "default: its scenario rate_rps, else 90% of its planned capacity).")
+@click.option("--share", type=click.Choice(["drr", "fcfs"]), default="drr", show_default=True,
+              help="With several PD clusters: the PrfaaS cluster's per-tenant share.")
+@click.option("--objective", type=click.Choice(["throughput", "fair"]), default="throughput",
+              show_default=True, help="With several PD clusters: the plan simulated.")
 @click.option("--rebalance", is_flag=True,
               help="Move PD instances between prefill and decode roles (Eq. 8) when the "
               "imbalance persists; JSON gets role_changes and final_split.")
@@ -111,8 +119,15 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             cache_capacity: str | None = None, snapshot_policy: str = "every_block",
             link_schedule: str | None = None, ttft_slo: float | None = None,
             outage_specs: tuple[str, ...] = (), max_queued_per_prefill: int | None = None,
-            rebalance: bool = False) -> None:
+            rebalance: bool = False, rate_of: tuple[str, ...] = (), share: str = "drr",
+            objective: str = "throughput") -> None:
     """Simulate SYSTEM under a synthetic or trace workload; report TTFT, TPOT, egress."""
+    if _regions(scenario_name, system, trace, rate, rate_of):
+        from prfaas.cli.regions import simulate_command
+
+        simulate_command(load_scenario(scenario_name), rate_of, share, objective, requests,
+                         duration, arrivals, seed, as_json)
+        return
     outages = [parse_outage(text) for text in outage_specs]
     scenario, cfg, planned = config_from(scenario_name, system, threshold, n_p, n_d, link_gbps,
                                          no_pipeline, prefill_order, max_queued_per_prefill)
@@ -143,6 +158,19 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
         echo_json(summary)
         return
     _print(summary)
+
+
+def _regions(scenario_name: str, system: str, trace: str | None, rate: float | None,
+             rate_of: tuple[str, ...]) -> bool:
+    """Whether this run is of several PD clusters (and the flags fit one)."""
+    if not load_scenario(scenario_name).pd_clusters:
+        if rate_of:
+            raise ConfigError("--rate-of", list(rate_of), "needs a scenario with pd_clusters")
+        return False
+    if system != "prfaas_pd" or trace or rate is not None:
+        raise ConfigError("--system/--trace/--rate", (system, trace, rate),
+                          "a scenario with pd_clusters simulates prfaas_pd with --rate-of")
+    return True
 
 
 def write_outputs(folder: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
