@@ -107,3 +107,8 @@ def test_cli_plan_and_simulate_json(two: Scenario) -> None:
         assert key in sim["pd_clusters"]["near"]
     bad = runner.invoke(cli, ["simulate", "--scenario", "two-regions", "--rate-of", "mid=1"])
     assert bad.exit_code != 0
+    for flags in (["--threshold", "4000"], ["--n-p", "2"], ["--rebalance"],
+                  ["--outage", "near@10+5"]):
+        ignored = runner.invoke(cli, ["simulate", "--scenario", "two-regions",
+                                      "--requests", "50", *flags])
+        assert ignored.exit_code != 0 and "several PD clusters" in str(ignored.exception)

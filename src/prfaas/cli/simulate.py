@@ -125,6 +125,18 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
     if _regions(scenario_name, system, trace, rate, rate_of):
         from prfaas.cli.regions import simulate_command
 
+        single = {"--threshold": threshold, "--n-p": n_p, "--n-d": n_d,
+                  "--link-gbps": link_gbps, "--policy": policy, "--cache-scope": cache_scope,
+                  "--cache-capacity": cache_capacity, "--link-schedule": link_schedule,
+                  "--ttft-slo": ttft_slo, "--max-queued-per-prefill": max_queued_per_prefill,
+                  "--outage": outage_specs or None, "--rebalance": rebalance or None,
+                  "--no-pipeline": no_pipeline or None, "--out": out_dir}
+        given = sorted(flag for flag, value in single.items() if value is not None)
+        if given:
+            raise ConfigError(given[0], single[given[0]],
+                              "not supported with several PD clusters (the scenario's "
+                              "pd_clusters set each cluster's own split, link and threshold)")
+
         simulate_command(load_scenario(scenario_name), rate_of, share, objective, requests,
                          duration, arrivals, seed, as_json)
         return
