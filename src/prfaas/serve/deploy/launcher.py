@@ -182,6 +182,11 @@ class Deployment:
                                           f"{self.log_tail(name)}")
                 if _healthy(url, self._probe_tls):
                     del pending[name]
+                elif url.startswith("https:") and _speaks_plain_http(url):
+                    raise DeploymentError(
+                        f"{name} (engine {self.topology.engine}) answers plain HTTP at {url}: "
+                        "the topology's security.tls needs HTTPS with client certificates "
+                        "there, and it does not serve it")
             if pending and time.monotonic() > deadline:
                 raise DeploymentError(f"not healthy after {self.start_timeout_s:.0f} s: "
                                       f"{sorted(pending)}")
@@ -239,6 +244,19 @@ def _probe_context(topology: Topology) -> ssl.SSLContext | None:
     ctx = Identity.load(tls_dir, ROUTER).client_context()
     ctx.check_hostname = False
     return ctx
+
+
+def _speaks_plain_http(url: str) -> bool:
+    """Whether the server at an https:// URL answers a plain HTTP request (a worker that does
+    not serve the topology's TLS): the start fails at once, naming it, instead of timing out."""
+    try:
+        with urllib.request.urlopen("http:" + url[len("https:"):] + "/health",
+                                    timeout=1.0) as resp:
+            return bool(resp.status)
+    except urllib.error.HTTPError:
+        return True  # an HTTP answer, even an error, is plain HTTP
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 def _healthy(url: str, tls: ssl.SSLContext | None = None) -> bool:
