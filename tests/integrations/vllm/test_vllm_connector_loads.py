@@ -3,9 +3,10 @@ streams a request's KV and recurrent state to a consumer half (prfaas.transport,
 
 What must hold: a complete, matching transfer is reported received with every value in place
 (the conv state converted between the SD and DS layouts when the two ends differ); a short
-tensor, a missing layer, another prompt's fingerprint, or a connection dropped in the middle of
-a layer is reported to vLLM as a failed load (`failed_recving`), which vLLM turns into an error
-for the request and the router into a local retry: never a load reported good from wrong KV.
+tensor, a missing layer, another prompt's fingerprint, a transfer without a manifest, or a
+connection dropped in the middle of a layer is reported to vLLM as a failed load
+(`failed_recving`), which vLLM turns into an error for the request and the router into a local
+retry: never a load reported good from wrong KV.
 """
 
 from __future__ import annotations
