@@ -1,16 +1,15 @@
 """Start a topology's router and workers as processes on this host, and stop them.
 
 `Deployment(topology).start()` resolves port 0 to free ports, writes the resolved topology
-beside the logs, spawns every worker then the router
-(`python -m prfaas.serve.deploy.proc`), and waits
-until each answers `GET /health` (a process that exits early fails the start, with the tail of
-its log; a worker that answers plain HTTP where the topology's TLS asks for HTTPS fails it at
-once, naming it). Once up, a Supervisor (serve/deploy/supervisor.py) restarts any process that
-exits, with backoff; nothing but `stop()` ends the deployment. `stop()` sends SIGTERM, waits,
-then SIGKILLs what is left; it is also the context manager's exit. Workers whose host is not
-this one, and those named `external`, are expected to be run by someone else. With `link.emulation: netns`
-it first creates the shaped namespace (serve/deploy/netns.py), runs the PrfaaS workers inside it and
-removes it on stop.
+beside the logs, spawns every worker then the router (`python -m prfaas.serve.deploy.proc`),
+and waits until each answers `GET /health` (a process that exits early fails the start, with
+the tail of its log; a worker that answers plain HTTP where the topology's TLS asks for HTTPS
+fails it at once, naming it). Once up, a Supervisor (serve/deploy/supervisor.py) restarts any
+process that exits, with backoff; nothing but `stop()` ends the deployment. `stop()` sends
+SIGTERM, waits, then SIGKILLs what is left; it is also the context manager's exit. Workers
+whose host is not this one, and those named `external`, are expected to be run by someone
+else. With `link.emulation: netns` it first creates the shaped namespace
+(serve/deploy/netns.py), runs the PrfaaS workers inside it and removes it on stop.
 """
 
 from __future__ import annotations
