@@ -113,6 +113,10 @@ def tokens_sha256(token_ids: list[int], num_tokens: int) -> str:
 Entry = tuple[str, list[int], str]  # dtype, shape, SHA-256
 
 
+def entry(array: np.ndarray) -> Entry:
+    return array.dtype.name, list(array.shape), tensor_digest(array)
+
+
 @dataclass(slots=True)
 class Ledger:
     """One transfer's tensors as queued (producer) or received (consumer)."""
@@ -120,7 +124,7 @@ class Ledger:
     tensors: dict[tuple[int, str], Entry] = field(default_factory=dict)
 
     def add(self, layer: int, name: str, array: np.ndarray) -> None:
-        self.tensors[(layer, name)] = (array.dtype.name, list(array.shape), tensor_digest(array))
+        self.tensors[(layer, name)] = entry(array)
 
     def encode(self, top: dict[str, Any]) -> bytes:
         rows = sorted([layer, name, *entry] for (layer, name), entry in self.tensors.items())

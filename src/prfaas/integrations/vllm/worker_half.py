@@ -279,11 +279,12 @@ class WorkerHalf:
             self.recv.forget(tid)
 
     def _on_tensor(self, tid: int, layer: int, name: str, array: np.ndarray) -> None:
+        entry = sec.entry(array)  # the digest outside the lock (the engine thread takes it)
         with self._lock:
             inc = self._incoming.setdefault(tid, _Incoming())
             if inc.first_s is None:
                 inc.first_s = time.monotonic()
-            inc.ledger.add(layer, name, array)
+            inc.ledger.tensors[(layer, name)] = entry
             if inc.job is None:
                 inc.held.append((layer, name, array.copy()))
             else:

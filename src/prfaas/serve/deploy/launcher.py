@@ -180,9 +180,10 @@ class Deployment:
                 if fail_on_exit and proc is not None and proc.poll() is not None:
                     raise DeploymentError(f"{name} exited with code {proc.returncode}:\n"
                                           f"{self.log_tail(name)}")
-                if _healthy(url, self._probe_tls):
+                health = _probe(url, self._probe_tls)
+                if health == "ok":
                     del pending[name]
-                elif url.startswith("https:") and _speaks_plain_http(url):
+                elif health == "not TLS" and _speaks_plain_http(url):
                     raise DeploymentError(
                         f"{name} (engine {self.topology.engine}) answers plain HTTP at {url}: "
                         "the topology's security.tls needs HTTPS with client certificates "
@@ -259,9 +260,20 @@ def _speaks_plain_http(url: str) -> bool:
         return False
 
 
-def _healthy(url: str, tls: ssl.SSLContext | None = None) -> bool:
+# what OpenSSL says when the server's first bytes are not a TLS record (e.g. "HTTP/1.1 400")
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+            "HTTP_REQUEST")
+
+
+def _probe(url: str, tls: ssl.SSLContext | None = None) -> str:
+    """'ok' (GET /health answered 200), 'not TLS' (an https:// URL whose server answered the
+    handshake with something that is not TLS), or 'down'."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=1.0, context=tls) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+            return "ok" if resp.status == 200 else "down"
+    except urllib.error.URLError as exc:
+        reason = getattr(exc.reason, "reason", None)
+        return "not TLS" if isinstance(exc.reason, ssl.SSLError) and reason in _NOT_TLS \
+            else "down"
+    except (OSError, ValueError):
+        return "down"
