@@ -3,9 +3,10 @@ streams a request's KV and recurrent state to a consumer half (prfaas.transport,
 
 What must hold: a complete, matching transfer is reported received with every value in place
 (the conv state converted between the SD and DS layouts when the two ends differ); a short
-tensor, a missing layer, another prompt's fingerprint, or a connection dropped in the middle of
-a layer is reported to vLLM as a failed load (`failed_recving`), which vLLM turns into an error
-for the request and the router into a local retry: never a load reported good from wrong KV.
+tensor, a missing layer, another prompt's fingerprint, a transfer without a manifest, or a
+connection dropped in the middle of a layer is reported to vLLM as a failed load
+(`failed_recving`), which vLLM turns into an error for the request and the router into a local
+retry: never a load reported good from wrong KV.
 """
 
 from __future__ import annotations
@@ -202,8 +203,19 @@ def test_conv_layout_conversion_on_tensors() -> None:
 
 
 def _send_items(port: int, items: list[tuple[int, str, np.ndarray, bool]], tid: int,
-                drop_mid_layer: bool = False) -> None:
-    """Hand-made frames on a KVSender (the bad peers a producer half never is)."""
+                drop_mid_layer: bool = False, rx: Any = None) -> None:
+    """Hand-made frames on a KVSender (the bad peers a producer half never is); with `rx`, END
+    carries the manifest a producer half would send for these very frames (what `rx` expects
+    of the request, every tensor's digest): the checks after the manifest's are then shown."""
+    from prfaas.integrations.vllm import kv_security as sec
+
+    manifest = b""
+    if rx is not None:
+        ledger = sec.Ledger()
+        for layer, name, array, _ in items:
+            ledger.add(layer, name, array)
+        manifest = ledger.encode(sec.head(tid, "", rx.model_id, rx.layer_sets(), TOKENS, ""))
+
     async def run() -> None:
         sender = KVSender("127.0.0.1", port, SenderConfig(
             num_connections=1, chunk_bytes=1024, rate_gbps=None if not drop_mid_layer
@@ -218,7 +230,7 @@ def _send_items(port: int, items: list[tuple[int, str, np.ndarray, bool]], tid: 
                 task.cancel()
                 return
             await sender.send_array(tid, layer, "gqa", name, array, bfloat16=bf16)
-        await sender.finish(tid)
+        await sender.finish(tid, manifest=manifest)
         await sender.close()
 
     asyncio.run(run())
@@ -238,13 +250,14 @@ def _good_items(rx: Any, fp: int = 77) -> list[tuple[int, str, np.ndarray, bool]
 def test_the_good_hand_made_transfer_is_received(pair: Any) -> None:
     rx, port = pair  # the control for the four below: the same frames, unaltered
     _expect(rx, 2)
-    _send_items(port, _good_items(rx), 2)
+    _send_items(port, _good_items(rx), 2, rx=rx)
     assert _outcome(rx, 2) == "ok"
 
 
 @pytest.mark.parametrize(("fault", "why"), [("short_tensor", "blocks [5] missing"),
                                             ("missing_layer", "recurrent state missing"),
-                                            ("wrong_fingerprint", "prompt fingerprint differs")])
+                                            ("wrong_fingerprint", "prompt fingerprint differs"),
+                                            ("no_manifest", "carries no manifest")])
 def test_a_partial_or_mismatched_transfer_is_a_failed_load(pair: Any, fault: str, why: str
                                                            ) -> None:
     rx, port = pair
@@ -254,10 +267,10 @@ def test_a_partial_or_mismatched_transfer_is_a_failed_load(pair: Any, fault: str
         items[1] = (layer, name, kv[:-1], bf16)
     elif fault == "missing_layer":  # no recurrent state for the GDN layer
         items = items[:2]
-    else:  # the KV of another prompt (the same transfer id)
+    elif fault == "wrong_fingerprint":  # the KV of another prompt (the same transfer id)
         items = _good_items(rx, fp=78)
     _expect(rx, 3)
-    _send_items(port, items, 3)
+    _send_items(port, items, 3, rx=None if fault == "no_manifest" else rx)
     outcome = _outcome(rx, 3)
     assert outcome.startswith("failed") and why in outcome, outcome
 

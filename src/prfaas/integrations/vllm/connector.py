@@ -24,6 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from prfaas.integrations.vllm import seed_offset
+from prfaas.integrations.vllm.kv_security import model_identity
 from prfaas.integrations.vllm.metadata import PrfaasMetadata, PrfaasWorkerMeta
 from prfaas.integrations.vllm.scheduler_half import SchedulerHalf
 from prfaas.integrations.vllm.worker_half import WorkerHalf
@@ -39,6 +40,17 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
+def _model_id(vllm_config: VllmConfig, extra: dict[str, Any]) -> str:
+    """The manifest's model identity: an operator's pinned value, else the model folder's
+    files and the settings that change the KV's bytes (dtype, mamba state dtypes)."""
+    if extra.get("model_identity"):
+        return str(extra["model_identity"])
+    mc, cc = vllm_config.model_config, vllm_config.cache_config
+    detail = (f"dtype={mc.dtype};cache={cc.cache_dtype};mamba={cc.mamba_cache_dtype}/"
+              f"{cc.mamba_ssm_cache_dtype};revision={mc.revision}")
+    return model_identity(str(mc.model), detail)
+
+
 class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig) -> None:
@@ -49,8 +61,10 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             self.sched = SchedulerHalf(kv_cache_config)
         else:
-            self.worker = WorkerHalf(kv_cache_config, dict(tc.kv_connector_extra_config or {}),
-                                     producer=tc.is_kv_producer, consumer=tc.is_kv_consumer)
+            extra = dict(tc.kv_connector_extra_config or {})
+            self.worker = WorkerHalf(kv_cache_config, extra, producer=tc.is_kv_producer,
+                                     consumer=tc.is_kv_consumer, model_id=_model_id(vllm_config,
+                                                                                    extra))
             if tc.is_kv_consumer:  # a resumed request's seeded sampling goes on (seed_offset)
                 seed_offset.install(bool(getattr(vllm_config.model_config, "use_fp64_gumbel",
                                                  False)))

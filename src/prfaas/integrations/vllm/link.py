@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from prfaas.core.errors import TransportError
+from prfaas.transport.errors import ConnectFailed
 from prfaas.transport.receiver import KVReceiver, ReceiverConfig
 from prfaas.transport.sender import KVSender, SenderConfig
 
@@ -42,6 +44,7 @@ class Tensor:
 @dataclass(frozen=True, slots=True)
 class Finish:
     transfer_id: int
+    manifest: bytes = b""  # travels in the END frame (kv_security.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,7 @@ class Result:
     error: str | None  # None: every frame sent (sender) / received and complete (receiver)
     done_s: float  # time.monotonic() at the end: one clock for every process of a host
     first_s: float | None = None  # first tensor queued (sender) / first byte in (receiver)
+    manifest: bytes = b""  # (receiver) what the sender's END carried
 
 
 class _Loop:
@@ -99,9 +103,13 @@ async def _cancel_all() -> None:
 
 
 class SendLink(_Loop):
-    def __init__(self, config: SenderConfig) -> None:
+    def __init__(self, config: SenderConfig, tls: ssl.SSLContext | None = None,
+                 peer_name: Callable[[str, int], str | None] | None = None) -> None:
+        """`tls`: every connection is TLS and `peer_name(host, port)` names the certificate
+        the destination must show; a destination it names None is refused without a byte."""
         super().__init__("prfaas-kv-send")
         self.config = config
+        self.tls, self.peer_name = tls, peer_name
         self._queues: dict[Route, asyncio.Queue[Item]] = {}
         self._first: dict[int, float] = {}
 
@@ -133,13 +141,13 @@ class SendLink(_Loop):
                         self._end(tid, failed.pop(tid))
                     continue
                 if sender is None:
-                    sender = KVSender(dest[0], dest[1], config)
+                    sender = self._sender(dest, config)
                     await sender.connect()
                 if isinstance(item, Tensor):
                     await sender.send_array(tid, item.layer, "gqa", item.name, item.array,
                                             bfloat16=item.bfloat16)
                 elif isinstance(item, Finish):
-                    await sender.finish(tid)
+                    await sender.finish(tid, manifest=item.manifest)
                     self._end(tid, None)
                 else:
                     await sender.abort(tid, item.reason)
@@ -152,15 +160,26 @@ class SendLink(_Loop):
                 if not isinstance(item, Tensor):
                     self._end(tid, failed.pop(tid))
 
+    def _sender(self, dest: Dest, config: SenderConfig) -> KVSender:
+        if self.tls is None:
+            return KVSender(dest[0], dest[1], config)
+        name = self.peer_name(*dest) if self.peer_name is not None else None
+        if name is None:
+            raise ConnectFailed(f"{dest[0]}:{dest[1]} is not the KV port of a decoder of this "
+                                "topology: nothing sent")
+        return KVSender(dest[0], dest[1], config, tls=self.tls, server_name=name)
+
     def _end(self, tid: int, error: str | None) -> None:
         self.push(Result(tid, error, time.monotonic(), self._first.pop(tid, None)))
 
 
 class RecvLink(_Loop):
     def __init__(self, config: ReceiverConfig,
-                 on_tensor: Callable[[int, int, str, np.ndarray], None]) -> None:
+                 on_tensor: Callable[[int, int, str, np.ndarray], None],
+                 tls: ssl.SSLContext | None = None,
+                 accept_peer: Callable[[str | None], bool] | None = None) -> None:
         super().__init__("prfaas-kv-recv")
-        self.receiver = KVReceiver(config, on_tensor=on_tensor)
+        self.receiver = KVReceiver(config, on_tensor=on_tensor, tls=tls, accept_peer=accept_peer)
         asyncio.run_coroutine_threadsafe(self.receiver.start(), self.loop).result(timeout=10)
         self._waits: dict[int, asyncio.Task[None]] = {}
 
@@ -184,7 +203,7 @@ class RecvLink(_Loop):
     async def _wait(self, tid: int, timeout_s: float) -> None:
         try:
             kv = await self.receiver.wait_request(tid, timeout_s)
-            self.push(Result(tid, None, time.monotonic(), kv.first_byte_s))
+            self.push(Result(tid, None, time.monotonic(), kv.first_byte_s, kv.manifest))
         except TransportError as exc:
             self.push(Result(tid, f"{type(exc).__name__}: {exc}", time.monotonic()))
         finally:

@@ -30,6 +30,8 @@ class SaveJob:
     state_blocks: tuple[int | None, ...] = ()  # per group on the last step; None: not Mamba
     rate_gbps: float | None = None  # None: the instance's link rate
     after_prefill: bool = False  # hold every layer until the prompt is done (a baseline)
+    nonce: str = ""  # the attempt's one-time value (manifest)
+    tokens_sha256: str = ""  # of the token ids sent (manifest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,8 @@ class LoadJob:
     fingerprint: int
     timeout_s: float
     fault: str | None = None  # params.FAULTS: a negative control's wrong write (tests only)
+    nonce: str = ""  # the manifest must carry it
+    tokens_sha256: str = ""  # of the token ids expected (manifest)
 
 
 @dataclass(slots=True)

@@ -28,10 +28,13 @@ class SendParams:
     # and send-after-prefill (every layer held until the prompt is done) instead of layer-wise
     rate_gbps: float | None = None
     after_prefill: bool = False
+    nonce: str = ""  # the attempt's one-time value, bound into the manifest (kv_security.py)
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"role": "send", "transfer_id": self.transfer_id,
                                 "dest_host": self.dest_host, "dest_port": self.dest_port}
+        if self.nonce:
+            body["nonce"] = self.nonce
         if self.rate_gbps is not None:
             body["rate_gbps"] = self.rate_gbps
         if self.after_prefill:
@@ -53,10 +56,13 @@ class RecvParams:
     fault: str | None = None  # one of FAULTS (tests only)
     # a resumed request: the last this many prompt tokens were its output (seed_offset.py)
     output_offset: int = 0
+    nonce: str = ""  # the manifest must carry it (kv_security.py)
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"role": "recv", "transfer_id": self.transfer_id,
                                 "timeout_s": self.timeout_s}
+        if self.nonce:
+            body["nonce"] = self.nonce
         if self.fault is not None:
             body["fault"] = self.fault
         if self.output_offset:
@@ -78,7 +84,8 @@ def parse(params: object) -> SendParams | RecvParams | None:
             if rate is not None and not float(rate) > 0:
                 raise ValueError(f"rate_gbps={rate}")
             return SendParams(tid, str(p["dest_host"]), int(p["dest_port"]),
-                              None if rate is None else float(rate), bool(p.get("after_prefill")))
+                              None if rate is None else float(rate), bool(p.get("after_prefill")),
+                              _nonce(p))
         if p.get("role") == "recv":
             fault = p.get("fault")
             if fault is not None and fault not in FAULTS:
@@ -86,10 +93,17 @@ def parse(params: object) -> SendParams | RecvParams | None:
             offset = int(p.get("output_offset", 0))
             if offset < 0:
                 raise ValueError(f"output_offset={offset}")
-            return RecvParams(tid, float(p.get("timeout_s", 120.0)), fault, offset)
+            return RecvParams(tid, float(p.get("timeout_s", 120.0)), fault, offset, _nonce(p))
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError("kv_transfer_params.prfaas", p, f"malformed: {exc}") from exc
     raise ConfigError("kv_transfer_params.prfaas.role", p.get("role"), "must be send or recv")
+
+
+def _nonce(p: dict[str, Any]) -> str:
+    nonce = p.get("nonce", "")
+    if not isinstance(nonce, str) or len(nonce) > 128:
+        raise ValueError(f"nonce={nonce!r} (a string of at most 128 characters)")
+    return nonce
 
 
 def fingerprint(token_ids: list[int]) -> int:

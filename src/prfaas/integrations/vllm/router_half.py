@@ -66,8 +66,9 @@ class VllmBackend(WorkerBackend):
         a, dec = attempt, attempt.decode
         tid = secrets.randbits(62) + 1
         # a resume: the decoder draws the seeded samples of the tokens already sent first
+        nonce = secrets.token_hex(16)  # this attempt's: the KV manifest must carry it
         recv = RecvParams(tid, a.first_token_s,
-                          output_offset=int(a.sampling.get("output_offset") or 0))
+                          output_offset=int(a.sampling.get("output_offset") or 0), nonce=nonce)
         body = {**self._body(a, a.max_tokens, recv.to_body()),
                 "stream": True, "stream_options": {"include_usage": True}}
         prefill: asyncio.Task[None] | None = None
@@ -76,12 +77,12 @@ class VllmBackend(WorkerBackend):
         try:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=a.connect_s)
             async with self.session.post(f"{dec.url}/v1/completions", json=body,
-                                         timeout=timeout) as resp:
+                                         timeout=timeout, server_hostname=dec.tls_name) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:300]
                     raise AttemptFailed(f"decode {dec.name} answered HTTP {resp.status}: {text}",
                                         worker=dec.name if resp.status >= 500 else "")
-                prefill = asyncio.create_task(self._prefill(a, tid, report))
+                prefill = asyncio.create_task(self._prefill(a, tid, nonce, report))
                 async for event in _events(resp, prefill, a, dec.name, progress):
                     if event.get("error"):
                         raise AttemptFailed(f"decode {dec.name}: {event['error']}", emitted)
@@ -131,14 +132,14 @@ class VllmBackend(WorkerBackend):
     def _inserted(self, token_ids: list[int]) -> dict[str, Any]:
         return {"inserted": chain_hashes(token_ids, self.block_size_tokens)}
 
-    async def _prefill(self, a: Attempt, tid: int, report: AttemptReport) -> None:
+    async def _prefill(self, a: Attempt, tid: int, nonce: str, report: AttemptReport) -> None:
         pre = a.prefill
-        body = self._body(a, 1, SendParams(tid, *a.kv_dest).to_body())
+        body = self._body(a, 1, SendParams(tid, *a.kv_dest, nonce=nonce).to_body())
         timeout = aiohttp.ClientTimeout(total=a.prefill_s, sock_connect=a.connect_s)
         t0 = time.monotonic()
         try:
             async with self.session.post(f"{pre.url}/v1/completions", json=body,
-                                         timeout=timeout) as resp:
+                                         timeout=timeout, server_hostname=pre.tls_name) as resp:
                 reply: Any = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise AttemptFailed(f"prefill {pre.name}: {type(exc).__name__}: {exc}",

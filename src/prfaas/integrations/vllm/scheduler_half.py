@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.utils import clip_ssm_state_blocks
 from vllm.v1.kv_cache_interface import MambaSpec
 
+from prfaas.integrations.vllm.kv_security import tokens_sha256
 from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata, PrfaasWorkerMeta, SaveJob
 from prfaas.integrations.vllm.params import KEY, RecvParams, SendParams, fingerprint, parse
 
@@ -39,6 +40,7 @@ class _Sending:
     num_tokens: int
     fingerprint: int
     next_block: list[int]  # per group: first block not yet sent
+    tokens_sha256: str = ""
     first: bool = True
 
 
@@ -100,7 +102,8 @@ class SchedulerHalf:
                 request.sampling_params.min_tokens = 2
             ids = list(request.prompt_token_ids or [])
             self._sending[request.request_id] = _Sending(
-                request, p, len(ids), fingerprint(ids), [0] * len(self._specs()))
+                request, p, len(ids), fingerprint(ids), [0] * len(self._specs()),
+                tokens_sha256(ids, len(ids)))
         elif isinstance(p, RecvParams):
             self._receiving[request.request_id] = _Receiving(p)
 
@@ -127,11 +130,11 @@ class SchedulerHalf:
         rx.started = True
         ids = self._block_ids(request.request_id)
         n = self._load_tokens(request)
+        prompt = list(request.prompt_token_ids or [])[:n]
         self._loads.append(LoadJob(
             request.request_id, rx.params.transfer_id, tuple(list(g) for g in ids),
-            self._state_slots(ids), rx.local_hit, n,
-            fingerprint(list(request.prompt_token_ids or [])[:n]), rx.params.timeout_s,
-            rx.params.fault))
+            self._state_slots(ids), rx.local_hit, n, fingerprint(prompt), rx.params.timeout_s,
+            rx.params.fault, rx.params.nonce, tokens_sha256(prompt, n)))
 
     def build_connector_meta(self, out: SchedulerOutput) -> PrfaasMetadata:
         meta = PrfaasMetadata(loads=self._loads, aborted=self._aborted,
@@ -160,7 +163,8 @@ class SchedulerHalf:
         job = SaveJob(tx.request.request_id, tx.params.transfer_id,
                       (tx.params.dest_host, tx.params.dest_port), tuple(blocks), tx.num_tokens,
                       tx.fingerprint, tx.first, last, self._state_slots(ids) if last else (),
-                      tx.params.rate_gbps, tx.params.after_prefill)
+                      tx.params.rate_gbps, tx.params.after_prefill, tx.params.nonce,
+                      tx.tokens_sha256)
         tx.first = False
         return job
 

@@ -3,11 +3,13 @@
 Producer: `save_kv_layer` (called by each attention layer during the forward) copies the blocks
 the step completed out of that layer's paged cache and queues them on the sender thread, so the
 layer leaves while the next one computes; `wait_for_save` adds, on the prompt's last step, each
-Mamba/GDN layer's state slot and the END. A `meta` tensor opens every transfer: token count,
-prompt fingerprint and cache-layout fingerprint, which the consumer checks.
+Mamba/GDN layer's state slot and the END, which carries the transfer's manifest (every tensor's
+SHA-256, kv_security.py). A `meta` tensor opens every transfer: token count, prompt fingerprint
+and cache-layout fingerprint, which the consumer checks.
 Consumer: a receiver thread scatters each arriving tensor into the destination blocks (tensors
 that arrive before the scheduler assigned them are held); a transfer ends as received only when
-the wire says complete AND every block and state it needed was written and every check passed.
+the wire says complete AND every block and state it needed was written, the manifest verifies
+and every check passed. With the topology's TLS every KV connection is mutual TLS.
 Anything else (peer gone, corrupt frame, timeout, mismatch) is a failed load: vLLM finishes the
 request with an error, and the router retries it elsewhere.
 """
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from prfaas.integrations.vllm import kv_security as sec
 from prfaas.integrations.vllm.blocks import (
     WIRE_CONV_LAYOUT,
     block_dim,
@@ -57,6 +60,7 @@ class _Incoming:
     held: list[tuple[int, str, np.ndarray]] = field(default_factory=list)
     blocks: dict[int, set[int]] = field(default_factory=dict)  # layer -> block indexes written
     states: set[int] = field(default_factory=set)  # layers whose state was written
+    ledger: sec.Ledger = field(default_factory=sec.Ledger)  # every tensor received, digested
     meta_ok: bool = False
     error: str | None = None
     first_s: float | None = None
@@ -72,8 +76,14 @@ def _vllm_conv_layout() -> str:
 
 class WorkerHalf:
     def __init__(self, kv_cache_config: Any, extra: dict[str, Any], producer: bool,
-                 consumer: bool) -> None:
+                 consumer: bool, model_id: str = "") -> None:
         self.config = kv_cache_config
+        self.model_id = model_id
+        tls = sec.ConnectorTls.from_extra(extra)  # a bad certificate fails the start here
+        self._ledgers: dict[int, sec.Ledger] = {}  # producer: per transfer, as queued
+        self._faults: dict[int, str] = {}  # producer: test faults (kv_security.take_fault)
+        self._last_nonce = ""
+        self._fault_file = extra.get("fault_file")
         self.groups = kv_cache_config.kv_cache_groups
         self.group_of: dict[str, int] = {n: g for g, grp in enumerate(self.groups)
                                          for n in grp.layer_names}
@@ -99,13 +109,15 @@ class WorkerHalf:
             self.send = SendLink(SenderConfig(
                 num_connections=int(extra.get("connections", 4)),
                 rate_gbps=None if rate is None else float(rate),
-                chunk_bytes=int(extra.get("chunk_bytes", 2**20))))
+                chunk_bytes=int(extra.get("chunk_bytes", 2**20))),
+                tls=tls.client() if tls else None, peer_name=tls.decoder_name if tls else None)
         if consumer:
             self.recv = RecvLink(ReceiverConfig(
                 host=str(extra.get("kv_host", "127.0.0.1")), port=int(extra["kv_port"]),
                 # a connection of an open transfer may idle while the prefill computes (layer-wise
                 # over a long, chunked prompt); the request's own timeout bounds the whole wait
-                frame_timeout_s=float(extra.get("frame_timeout_s", 300.0))), self._on_tensor)
+                frame_timeout_s=float(extra.get("frame_timeout_s", 300.0))), self._on_tensor,
+                tls=tls.server() if tls else None, accept_peer=tls.accept if tls else None)
 
     # -- setup --------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, Any]) -> None:
@@ -120,6 +132,21 @@ class WorkerHalf:
             for t in state_parts(self.caches[name]):
                 parts.append(f"{self.index_of[name]}:{tuple(t.shape[1:])}:{t.dtype}")
         return zlib.crc32(";".join(parts).encode())
+
+    def layer_sets(self) -> dict[str, list[int]]:
+        """The model's layers as the manifest lists them: attention (blocks), GDN (states)."""
+        out: dict[str, list[int]] = {"blocks": [], "states": []}
+        for name in self.caches:
+            g = self.group_of.get(name)
+            if g is not None:
+                kind = "states" if hasattr(self.groups[g].kv_cache_spec, "shapes") else "blocks"
+                out[kind].append(self.index_of[name])
+        return out
+
+    def _head(self, tid: int, nonce: str, num_tokens: int, tokens: str,
+              model: str | None = None) -> dict[str, Any]:
+        return sec.head(tid, nonce, self.model_id if model is None else model,
+                        self.layer_sets(), num_tokens, tokens)
 
     def _conv_spec(self, g: int) -> tuple[tuple[int, ...], torch.dtype]:
         spec = self.groups[g].kv_cache_spec
@@ -156,12 +183,21 @@ class WorkerHalf:
         if not job.first or job.transfer_id in self._meta_sent:
             return
         self._meta_sent.add(job.transfer_id)
+        self._ledgers[job.transfer_id] = sec.Ledger()
+        fault = sec.take_fault(self._fault_file)
+        if fault is not None:
+            self._faults[job.transfer_id] = fault
         info = np.array([job.num_tokens, job.fingerprint, self.layout_fingerprint()], np.int64)
         self._submit(job, Tensor(job.transfer_id, 0, META, info))
 
     def _submit(self, job: SaveJob, item: Tensor) -> None:
         assert self.send is not None
         tid = job.transfer_id
+        self._ledgers.setdefault(tid, sec.Ledger()).add(item.layer, item.name, item.array)
+        if self._faults.get(tid) == "truncate" and item.name.startswith("b"):
+            del self._faults[tid]  # the first block tensor loses its second half on the wire
+            flat = item.array.reshape(-1)
+            item = Tensor(tid, item.layer, item.name, flat[: flat.size // 2], item.bfloat16)
         self._queued_bytes[tid] = self._queued_bytes.get(tid, 0) + int(item.array.nbytes)
         if job.after_prefill:
             self._held.setdefault(job.transfer_id, []).append(item)
@@ -175,7 +211,10 @@ class WorkerHalf:
             self._send_meta(job)
             if not job.last:
                 continue
+            fault = self._faults.pop(job.transfer_id, None)
             for name in sorted(self.caches, key=self.index_of.__getitem__):
+                if fault == "drop_state":
+                    break
                 g = self.group_of.get(name)
                 slot = job.state_blocks[g] if g is not None and job.state_blocks else None
                 if g is None or slot is None:
@@ -189,18 +228,29 @@ class WorkerHalf:
                                              array, bf16))
             for item in self._held.pop(job.transfer_id, []):  # send-after-prefill baseline
                 self.send.submit(job.dest, item, job.rate_gbps)
-            self.send.submit(job.dest, Finish(job.transfer_id), job.rate_gbps)
+            self.send.submit(job.dest, Finish(job.transfer_id, self._manifest(job, fault)),
+                             job.rate_gbps)
             self._meta_sent.discard(job.transfer_id)
             self._sent_bytes[job.req_id] = self._queued_bytes.pop(job.transfer_id, 0)
             self.trace(side="send", tid=job.transfer_id, ev="prefill_end")
         for tid, dest, rate in meta.abort_sends:
             self._held.pop(tid, None)
+            self._ledgers.pop(tid, None)
+            self._faults.pop(tid, None)
             self._meta_sent.discard(tid)
             self._queued_bytes.pop(tid, None)
             self.send.submit(dest, Abort(tid, "the prefill request ended before its prompt"),
                              rate)
         for r in self.send.drain():
             self.trace(side="send", tid=r.transfer_id, ev="sent", error=r.error, done=r.done_s)
+
+    def _manifest(self, job: SaveJob, fault: str | None) -> bytes:
+        ledger = self._ledgers.pop(job.transfer_id, sec.Ledger())
+        nonce = self._last_nonce if fault == "replay" else job.nonce
+        self._last_nonce = job.nonce
+        model = sec.other_model(self.model_id) if fault == "foreign_model" else None
+        return ledger.encode(self._head(job.transfer_id, nonce, job.num_tokens,
+                                        job.tokens_sha256, model))
 
     def take_sent_bytes(self) -> dict[str, int]:
         """The finished prefills' byte counts since the last call (build_connector_worker_meta)."""
@@ -229,10 +279,12 @@ class WorkerHalf:
             self.recv.forget(tid)
 
     def _on_tensor(self, tid: int, layer: int, name: str, array: np.ndarray) -> None:
+        entry = sec.entry(array)  # the digest outside the lock (the engine thread takes it)
         with self._lock:
             inc = self._incoming.setdefault(tid, _Incoming())
             if inc.first_s is None:
                 inc.first_s = time.monotonic()
+            inc.ledger.tensors[(layer, name)] = entry
             if inc.job is None:
                 inc.held.append((layer, name, array.copy()))
             else:
@@ -358,7 +410,11 @@ class WorkerHalf:
                 if inc is None or inc.job is None or r.transfer_id in self._reported:
                     continue
                 self._reported.add(r.transfer_id)
-                why = r.error or self._complete(inc)
+                # the manifest first (it names a tampered field or tensor), then coverage
+                expect = self._head(r.transfer_id, inc.job.nonce, inc.job.num_tokens,
+                                    inc.job.tokens_sha256)
+                why = (r.error or sec.verify(r.manifest, expect, inc.ledger)
+                       or self._complete(inc))
             finished.add(inc.job.req_id)
             if why is not None:
                 failed.add(inc.job.req_id)

@@ -1,15 +1,15 @@
 """Start a topology's router and workers as processes on this host, and stop them.
 
 `Deployment(topology).start()` resolves port 0 to free ports, writes the resolved topology
-beside the logs, spawns every worker then the router
-(`python -m prfaas.serve.deploy.proc`), and waits
-until each answers `GET /health` (a process that exits early fails the start, with the tail of
-its log). Once up, a Supervisor (serve/deploy/supervisor.py) restarts any process that exits, with
-backoff; nothing but `stop()` ends the deployment. `stop()` sends SIGTERM, waits, then SIGKILLs
-what is left; it is also the context manager's exit. Workers whose host is not this one, and
-those named `external`, are expected to be run by someone else. With `link.emulation: netns`
-it first creates the shaped namespace (serve/deploy/netns.py), runs the PrfaaS workers inside it and
-removes it on stop.
+beside the logs, spawns every worker then the router (`python -m prfaas.serve.deploy.proc`),
+and waits until each answers `GET /health` (a process that exits early fails the start, with
+the tail of its log; a worker that answers plain HTTP where the topology's TLS asks for HTTPS
+fails it at once, naming it). Once up, a Supervisor (serve/deploy/supervisor.py) restarts any
+process that exits, with backoff; nothing but `stop()` ends the deployment. `stop()` sends
+SIGTERM, waits, then SIGKILLs what is left; it is also the context manager's exit. Workers
+whose host is not this one, and those named `external`, are expected to be run by someone
+else. With `link.emulation: netns` it first creates the shaped namespace
+(serve/deploy/netns.py), runs the PrfaaS workers inside it and removes it on stop.
 """
 
 from __future__ import annotations
@@ -180,8 +180,14 @@ class Deployment:
                 if fail_on_exit and proc is not None and proc.poll() is not None:
                     raise DeploymentError(f"{name} exited with code {proc.returncode}:\n"
                                           f"{self.log_tail(name)}")
-                if _healthy(url, self._probe_tls):
+                health = _probe(url, self._probe_tls)
+                if health == "ok":
                     del pending[name]
+                elif health == "not TLS" and _speaks_plain_http(url):
+                    raise DeploymentError(
+                        f"{name} (engine {self.topology.engine}) answers plain HTTP at {url}: "
+                        "the topology's security.tls needs HTTPS with client certificates "
+                        "there, and it does not serve it")
             if pending and time.monotonic() > deadline:
                 raise DeploymentError(f"not healthy after {self.start_timeout_s:.0f} s: "
                                       f"{sorted(pending)}")
@@ -241,9 +247,33 @@ def _probe_context(topology: Topology) -> ssl.SSLContext | None:
     return ctx
 
 
-def _healthy(url: str, tls: ssl.SSLContext | None = None) -> bool:
+def _speaks_plain_http(url: str) -> bool:
+    """Whether the server at an https:// URL answers a plain HTTP request (a worker that does
+    not serve the topology's TLS): the start fails at once, naming it, instead of timing out."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1.0, context=tls) as resp:
-            return bool(resp.status == 200)
+        with urllib.request.urlopen("http:" + url[len("https:"):] + "/health",
+                                    timeout=1.0) as resp:
+            return bool(resp.status)
+    except urllib.error.HTTPError:
+        return True  # an HTTP answer, even an error, is plain HTTP
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+# what OpenSSL says when the server's first bytes are not a TLS record (e.g. "HTTP/1.1 400")
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+            "HTTP_REQUEST")
+
+
+def _probe(url: str, tls: ssl.SSLContext | None = None) -> str:
+    """'ok' (GET /health answered 200), 'not TLS' (an https:// URL whose server answered the
+    handshake with something that is not TLS), or 'down'."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0, context=tls) as resp:
+            return "ok" if resp.status == 200 else "down"
+    except urllib.error.URLError as exc:
+        reason = getattr(exc.reason, "reason", None)
+        return "not TLS" if isinstance(exc.reason, ssl.SSLError) and reason in _NOT_TLS \
+            else "down"
+    except (OSError, ValueError):
+        return "down"

@@ -1,0 +1,231 @@
+"""Live: `topologies/vllm-local.yaml` (hybrid tiny Qwen3-Next) with `security: {tls: ...}`.
+
+One deployment for every test here (certificates from `prfaas certs init`'s code): the router
+calls the PrfaaS instance over mutual TLS (vLLM's own --ssl-* options), every KV connection of
+the connector is mutual TLS, and every transfer carries the manifest the decoder verifies before
+it reports the load finished (integrations/vllm/kv_security.py).
+- A long prompt crosses on the PrfaaS route with all of it on.
+- The decode instance's KV port and the PrfaaS instance's HTTPS port refuse plaintext, a client
+  without a certificate and one from a foreign CA; the right certificate is accepted (the
+  positive control that shows the probe can tell them apart).
+- A tampered transfer (GDN states missing, a truncated tensor, a replayed nonce, another model's
+  identity; injected at the PrfaaS producer, PRFAAS_VLLM_FAULT_DIR) ends in a load error on the
+  decoder, named by its check, and a local retry whose answer is the local path's own.
+- A body that names a KV address outside the topology: the producer sends it nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import socket
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (make vllm installs the extra)")
+
+from vllm_live import (  # noqa: E402
+    build,
+    deployment,
+    post,
+    prompts,
+    routed,
+    topology,
+    trace,
+    workdir,
+)
+
+from prfaas.integrations.vllm.kv_security import FAULT_ENV  # noqa: E402
+from prfaas.security.certs import ROUTER, Authority, Member, init_certs  # noqa: E402
+from prfaas.security.spec import SecuritySpec  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[dict[str, Any]]:
+    with workdir("vllm-tls") as root:
+        model = build("qwen3_next", root)
+        certs = root / "certs"
+        topo = topology("vllm-local.yaml", model)
+        init_certs([*(Member(w.name, w.host) for w in topo.workers), Member(ROUTER)], certs)
+        foreign = root / "foreign"
+        ca = Authority("a foreign CA")
+        ca.write_ca(foreign)
+        ca.write_member(foreign, Member(ROUTER))  # the right names, the wrong CA
+        ca.write_member(foreign, Member("prfaas-0"))
+        faults = root / "faults"
+        faults.mkdir()
+        os.environ[FAULT_ENV] = str(faults)
+        try:
+            with deployment(topo.with_security(SecuritySpec(tls_dir=str(certs))), root / "logs",
+                            with_reference=False) as (dep, _, traces):
+                yield {"dep": dep, "traces": traces, "certs": certs, "foreign": foreign,
+                       "faults": faults, "logs": root / "logs"}
+        finally:
+            os.environ.pop(FAULT_ENV, None)
+
+
+def _local_first_token(live: dict, prompt: list[int]) -> int:
+    """The PD-P instance's own greedy first token of `prompt` (no connector traffic)."""
+    status, reply = post(live["dep"].topology.worker("pdp-0").url, {
+        "model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0,
+        "return_token_ids": True})
+    assert status == 200, reply
+    return int(reply["choices"][0]["token_ids"][0])
+
+
+def _done(live: dict) -> list[dict[str, Any]]:
+    return [e for e in trace(live["traces"], "pdd-0") if e["ev"] == "done"]
+
+
+def test_long_prompt_crosses_the_prfaas_route_with_tls_on(live: dict) -> None:
+    dep = live["dep"]
+    assert dep.topology.worker("prfaas-0").url.startswith("https://")
+    [prompt] = prompts([1500], seed=12)
+    reply = routed(dep.url, prompt, 4)
+    p = reply["prfaas"]
+    assert p["route"] == "prfaas" and not p["retried"], p
+    assert p["token_ids"][0] == _local_first_token(live, prompt)
+    done = _done(live)[-1]
+    assert done["error"] is None, done  # every check passed, the manifest included
+    states = {e["layer"] for e in trace(live["traces"], "pdd-0")
+              if e["ev"] == "tensor" and e["tid"] == done["tid"] and e["name"].startswith("s")}
+    assert states == {0, 1, 2}  # the three GDN layers' states crossed, under TLS
+    assert p["kv_bytes"] == done["bytes"] > 0
+
+
+# -- who may connect ---------------------------------------------------------------------------
+def _context(live: dict, cert_of: str | None, folder: str = "certs") -> ssl.SSLContext:
+    """A client context trusting the topology's CA; with `cert_of`'s certificate from
+    `folder` (certs: the topology's, foreign: another CA's), or none."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(cafile=str(live["certs"] / "ca.pem"))
+    ctx.check_hostname = False
+    if cert_of is not None:
+        d = live[folder]
+        ctx.load_cert_chain(str(d / f"{cert_of}.pem"), str(d / f"{cert_of}.key"))
+    return ctx
+
+
+def _kv_probe(host: str, port: int, ctx: ssl.SSLContext | None) -> str:
+    """'accepted' when the connection is still open 2 s after the handshake (the receiver then
+    waits for frames), else how it was refused."""
+    with socket.create_connection((host, port), timeout=10) as raw:
+        try:
+            if ctx is None:
+                raw.sendall(b"PRFS" + bytes(60))  # a plaintext frame header's worth
+                conn: socket.socket = raw
+            else:
+                conn = ctx.wrap_socket(raw, server_hostname="pdd-0")
+            conn.settimeout(2.0)
+            data = conn.recv(1)
+        except TimeoutError:
+            return "accepted"
+        except (ssl.SSLError, OSError) as exc:
+            return f"refused: {exc}"
+        return f"refused: closed ({data!r})"
+
+
+def test_decode_kv_port_refuses_plaintext_no_certificate_and_a_foreign_ca(live: dict) -> None:
+    dec = live["dep"].topology.worker("pdd-0")
+    assert _kv_probe(dec.host, dec.kv_port, _context(live, "prfaas-0")) == "accepted"
+    for what, ctx in (("plaintext", None), ("no certificate", _context(live, None)),
+                      ("foreign CA", _context(live, "prfaas-0", "foreign")),
+                      ("not a prefill worker", _context(live, ROUTER))):
+        assert _kv_probe(dec.host, dec.kv_port, ctx).startswith("refused"), what
+    assert (live["logs"] / "pdd-0.log").read_text().count("KV receiver refused") >= 4
+
+
+def _https_get(url: str, ctx: ssl.SSLContext | None) -> str:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=10, context=ctx) as resp:
+            return f"HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"refused: {exc}"
+
+
+def test_prfaas_instance_port_refuses_plaintext_no_certificate_and_a_foreign_ca(live: dict
+                                                                                ) -> None:
+    url = live["dep"].topology.worker("prfaas-0").url
+    assert _https_get(url, _context(live, ROUTER)) == "HTTP 200"
+    assert _https_get("http:" + url[len("https:"):], None).startswith("refused")
+    assert _https_get(url, _context(live, None)).startswith("refused")
+    assert _https_get(url, _context(live, ROUTER, "foreign")).startswith("refused")
+
+
+# -- tampered transfers ----------------------------------------------------------------------
+@pytest.mark.parametrize(("fault", "why", "seed"), [
+    ("drop_state", "recurrent state missing", 31),
+    ("truncate", "truncated", 32),
+    ("replay", "replayed", 33),
+    ("foreign_model", "another model", 34),
+])
+def test_tampered_transfer_is_a_load_error_and_a_local_retry(live: dict, fault: str, why: str,
+                                                             seed: int) -> None:
+    before = len(_done(live))
+    (live["faults"] / "prfaas-0.fault").write_text(fault)
+    [prompt] = prompts([1500], seed=seed)  # a prompt the decoder never saw: all of it crosses
+    reply = routed(live["dep"].url, prompt, 4)
+    p = reply["prfaas"]
+    assert not (live["faults"] / "prfaas-0.fault").exists()  # the PrfaaS producer took it
+    assert p["first_route"] == "prfaas" and p["retried"] and p["route"] == "pd", p
+    assert p["token_ids"][0] == _local_first_token(live, prompt)
+    done = _done(live)[before:]
+    failed = [e for e in done if e["error"]]
+    assert len(failed) == 1 and why in failed[0]["error"], done  # the tampered one, by its check
+    assert [e["error"] for e in done if e["tid"] != failed[0]["tid"]] == [None]  # the retry
+
+
+def _post_tls(url: str, body: dict[str, Any], ctx: ssl.SSLContext) -> int:
+    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300, context=ctx) as resp:
+        return int(resp.status)
+
+
+def test_producer_sends_only_to_its_topologys_decoders(live: dict) -> None:
+    """A body that names another KV address (a listener here): the producer opens no
+    connection to it; the same body naming the decoder's own address reaches it (the positive
+    control). The address is only looked up: the decoder's certificate must then show the
+    decoder's name (test_vllm_security_units shows a listener with another one refused)."""
+    dep = live["dep"]
+    dec, pre = dep.topology.worker("pdd-0"), dep.topology.worker("prfaas-0")
+    lsock = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    threading.Thread(target=_accept, args=(lsock, accepted), daemon=True).start()
+    ctx = _context(live, ROUTER)
+    [prompt] = prompts([300], seed=36)
+    try:
+        for tid, port in ((7001, lsock.getsockname()[1]), (7002, dec.kv_port)):
+            assert _post_tls(pre.url, {"model": "tiny", "prompt": prompt, "max_tokens": 1,
+                                       "kv_transfer_params": {"prfaas": {
+                                           "role": "send", "transfer_id": tid,
+                                           "dest_host": "127.0.0.1", "dest_port": port}}},
+                             ctx) == 200
+        deadline = time.monotonic() + 60
+        while not any(e.get("tid") == 7002 for e in trace(live["traces"], "pdd-0")):
+            assert time.monotonic() < deadline, "the decoder's own address got nothing"
+            time.sleep(0.2)
+        assert not accepted  # not one connection to the address outside the topology
+        assert not any(e.get("tid") == 7001 for e in trace(live["traces"], "pdd-0"))
+    finally:
+        lsock.close()
+        for s in accepted:
+            s.close()
+
+
+def _accept(lsock: socket.socket, out: list[socket.socket]) -> None:
+    with contextlib.suppress(OSError):
+        while True:
+            out.append(lsock.accept()[0])
