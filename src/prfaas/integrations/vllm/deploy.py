@@ -9,10 +9,12 @@ SIGTERM and /health work on it unchanged.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 from prfaas.core.errors import ConfigError
+from prfaas.integrations.vllm.kv_events import events_config
 from prfaas.integrations.vllm.server import VllmSpec
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.serve.vllm_settings import VllmSettings
@@ -36,10 +38,18 @@ def worker_spec(topology: Topology, worker: WorkerSpec,
         role = "kv_producer"
         conf = {"rate_gbps": link.sender_rate_gbps, "connections": link.connections}
     conf.update(extra or {})
+    events: tuple[str, ...] = ()
+    if s.kv_events:  # the router subscribes to them (kv_events.py)
+        if not worker.events_port:
+            raise ConfigError(f"workers.{worker.name}.events_port", worker.events_port,
+                              "vllm.kv_events needs a port to publish on (0 is resolved by "
+                              "the launcher)")
+        events = ("--kv-events-config",
+                  json.dumps(events_config(worker.events_port, worker.name)))
     return VllmSpec(s.model_dir, worker.port, worker.host, s.served_name, role, conf,  # type: ignore[arg-type]
                     max_model_len=s.max_model_len,
                     max_num_batched_tokens=s.max_num_batched_tokens, kv_cache_gib=s.kv_cache_gib,
-                    cores=worker.cores, args=(*s.args, *worker.vllm_args))
+                    cores=worker.cores, args=(*s.args, *worker.vllm_args, *events))
 
 
 def exec_worker(topology: Topology, name: str) -> None:
