@@ -343,3 +343,48 @@ def test_prefix_state_follows_vllm_kv_events_including_evictions(live: dict) -> 
               f"{stale['router_cached_tokens']}, vLLM cached {stale['cached_tokens']}")
     finally:
         control.stop()
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} " if want else f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_cache_aware_controller_on_vllm_counts_connector_bytes(live: dict) -> None:
+    """The cache-aware policy under the threshold controller, on the vLLM instances: every
+    PrfaaS transfer's `kv_bytes` is the producer connector's count and equals what the
+    decoder's receiver traced for that transfer (an independent count); /metrics' inter-DC
+    bytes are their sum, and the controller's egress (the link monitor the router feeds with
+    those bytes) is non-zero after a transfer."""
+    dep = live["dep"]
+    router = ExtraRouter(dep, live["logs"], "controlled", policy="cache-aware+controller",
+                         policy_args={"threshold_tokens": 1024, "controller": {
+                             "period_s": 0.5, "min_window": 2, "agree_solves": 1}})
+    try:
+        shipped, egress = [], []
+        for prompt in prompts([1500, 1700, 1900], seed=51):
+            before = {e["tid"] for e in trace(live["traces"], "pdd-0")}
+            p = routed(router.url, prompt, 4)["prfaas"]
+            egress.append(_metric(router.url, "prfaas_link_egress_gbps"))
+            if p["route"] != "prfaas":  # the controller may have raised t past this length
+                continue
+            tids = {e["tid"] for e in trace(live["traces"], "pdd-0") if e["ev"] == "done"
+                    and not e["error"]} - before
+            assert len(tids) == 1, tids
+            received = sum(e["bytes"] for e in trace(live["traces"], "pdd-0")
+                           if e["ev"] == "tensor" and e["tid"] in tids)
+            model_bytes = len(prompt) * 2048  # the size model: tokens x 2 KiB (tiny Llama)
+            print(f"\n{len(prompt)} tokens: kv_bytes {p['kv_bytes']}, received {received}, "
+                  f"size model {model_bytes}, egress {egress[-1]:.4f} Gb/s")
+            assert p["kv_bytes"] == received > 0, (p, received)
+            shipped.append(p["kv_bytes"])
+        assert shipped, "no request took the PrfaaS route"
+        assert _metric(router.url, "prfaas_kv_bytes_total", link="inter_dc") == sum(shipped)
+        assert max(egress) > 0, egress
+    finally:
+        router.stop()
