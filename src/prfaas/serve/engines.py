@@ -19,19 +19,34 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.models.card import ModelCard
 from prfaas.models.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:
+    from prfaas.cache.block_events import EventStats
+    from prfaas.cache.listener import PoolListener
     from prfaas.engine.base import EngineBase
     from prfaas.models.profile import PrefillTime
     from prfaas.planner.search import PlanInputs
     from prfaas.serve.topology import Topology
 
 DEFAULT_ENGINE = "native"
+
+
+class CacheEventSource(Protocol):
+    """The instances' cache events, feeding the router's manager from the router's loop."""
+
+    @property
+    def stats(self) -> dict[str, EventStats]: ...
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def forget(self, name: str) -> None: ...
 
 
 class EngineBackend(ABC):
@@ -72,6 +87,12 @@ class EngineBackend(ABC):
     def worker_protocol_args(self) -> dict[str, Any]:
         """Keyword arguments of the router's WorkerBackend besides its session."""
         return {}
+
+    def cache_events(self, listener: PoolListener) -> CacheEventSource | None:
+        """A source of the instances' own cache events that keeps `listener` (the router's
+        GlobalKVCacheManager) current; None: the router infers the cache state from the
+        cache deltas its worker backend reports."""
+        return None
 
     def prepare(self) -> None:
         """Before any instance starts (the deployment): e.g. build a model on disk."""

@@ -94,6 +94,7 @@ class WorkerSpec:
     engine: str = DEFAULT_ENGINE  # a registered engine backend (serve/engines.py)
     cores: str | None = None  # vllm: VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
     vllm_args: tuple[str, ...] = ()  # vllm: more server arguments for this instance
+    events_port: int = 0  # vllm with kv_events: where the instance publishes its KV events
 
     def __post_init__(self) -> None:
         if self.engine not in engine_names():
@@ -102,7 +103,7 @@ class WorkerSpec:
         if self.role not in ROLES:
             raise ConfigError(f"workers.{self.name}.role", self.role,
                               f"unknown; known: {', '.join(ROLES)}")
-        for key in ("port", "kv_port"):
+        for key in ("port", "kv_port", "events_port"):
             if not 0 <= getattr(self, key) < 65536:
                 raise ConfigError(f"workers.{self.name}.{key}", getattr(self, key),
                                   "must be in [0, 65535]")
@@ -214,8 +215,11 @@ class Topology:
 
     def with_ports(self) -> Topology:
         """A copy with every port 0 replaced by a currently free port."""
+        events = self.vllm is not None and self.vllm.kv_events
         workers = tuple(replace(w, port=w.port or free_port(w.host),
-                                kv_port=(w.kv_port or free_port(w.host)) if w.role == "pd-d" else 0)
+                                kv_port=(w.kv_port or free_port(w.host)) if w.role == "pd-d" else 0,
+                                events_port=(w.events_port or free_port(w.host))
+                                if events and w.engine == "vllm" else w.events_port)
                         for w in self.workers)
         return replace(self, workers=workers,
                        router_port=self.router_port or free_port(self.router_host))
@@ -237,7 +241,8 @@ class Topology:
             "security": self.security.to_dict(),
             "workers": [{"name": w.name, "role": w.role, "host": w.host, "port": w.port,
                          "kv_port": w.kv_port, "max_batch": w.max_batch,
-                         **({"engine": w.engine, "cores": w.cores, "vllm_args": list(w.vllm_args)}
+                         **({"engine": w.engine, "cores": w.cores, "vllm_args": list(w.vllm_args),
+                             "events_port": w.events_port}
                             if w.engine != DEFAULT_ENGINE else {})} for w in self.workers],
             **({"vllm": self.vllm.to_dict()} if self.vllm is not None else {}),
         }
@@ -273,7 +278,7 @@ def _link(raw: object, where: str, default: LinkSpec) -> LinkSpec:
 def _worker(raw: object, index: int, default_engine: str) -> WorkerSpec:
     m = _mapping(raw, f"workers[{index}]")
     _keys(m, {"name", "role", "host", "port", "kv_port", "max_batch", "engine", "cores",
-              "vllm_args"}, f"workers[{index}]")
+              "vllm_args", "events_port"}, f"workers[{index}]")
     if "name" not in m or "role" not in m:
         raise ConfigError(f"workers[{index}]", m, "needs a name and a role")
     cores = m.get("cores")
@@ -281,7 +286,8 @@ def _worker(raw: object, index: int, default_engine: str) -> WorkerSpec:
                       int(m.get("port", 0)), int(m.get("kv_port", 0)), int(m.get("max_batch", 16)),
                       engine=str(m.get("engine", default_engine)),
                       cores=None if cores is None else str(cores),
-                      vllm_args=tuple(str(a) for a in m.get("vllm_args", ())))
+                      vllm_args=tuple(str(a) for a in m.get("vllm_args", ())),
+                      events_port=int(m.get("events_port", 0)))
 
 
 def _profile(top: object, in_policy: object, base: Path | None) -> str:

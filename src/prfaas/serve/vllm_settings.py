@@ -9,7 +9,13 @@ vllm:
   kv_cache_gib: 1                # VLLM_CPU_KVCACHE_SPACE (the CPU build's KV cache)
   block_size_tokens: 128         # the router hashes prompts in blocks of this size
   args: ["--enforce-eager"]      # more vLLM server arguments, for every instance
+  kv_events: false               # true: the router's prefix state comes from vLLM's KV events
 ```
+With `kv_events: true` each instance publishes its KV cache events (BlockStored, BlockRemoved,
+AllBlocksCleared) on its worker's `events_port` and the router subscribes to them
+(integrations/vllm/kv_events.py): evictions are then tracked. Without, the router infers the
+state from the requests it sent (every full block of a prompt an instance computed or
+received), which never sees an eviction.
 Per worker: `cores` ("0", "0-1": VLLM_CPU_OMP_THREADS_BIND) and `vllm_args` (appended).
 A relative `model.dir` is resolved against the topology file's folder.
 """
@@ -25,7 +31,7 @@ from prfaas.core.errors import ConfigError
 
 ARCHS = ("llama", "qwen3_next")
 _KEYS = {"model", "served_name", "max_model_len", "max_num_batched_tokens", "kv_cache_gib",
-         "block_size_tokens", "args"}
+         "block_size_tokens", "args", "kv_events"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,7 @@ class VllmSettings:
     kv_cache_gib: int = 1
     block_size_tokens: int = 128
     args: tuple[str, ...] = ("--enforce-eager",)
+    kv_events: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -53,7 +60,7 @@ class VllmSettings:
                 "served_name": self.served_name, "max_model_len": self.max_model_len,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "kv_cache_gib": self.kv_cache_gib, "block_size_tokens": self.block_size_tokens,
-                "args": list(self.args)}
+                "args": list(self.args), "kv_events": self.kv_events}
 
 
 def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
@@ -74,11 +81,14 @@ def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
     args = raw.get("args", ["--enforce-eager"])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise ConfigError("vllm.args", args, "must be a list of strings")
+    kv_events = raw.get("kv_events", False)
+    if not isinstance(kv_events, bool):
+        raise ConfigError("vllm.kv_events", kv_events, "must be true or false")
     try:
         return VllmSettings(
             arch, model_dir, int(model.get("seed", 0)),
             str(raw.get("served_name", "tiny")), int(raw.get("max_model_len", 4096)),
             int(raw.get("max_num_batched_tokens", 1024)), int(raw.get("kv_cache_gib", 1)),
-            int(raw.get("block_size_tokens", 128)), tuple(args))
+            int(raw.get("block_size_tokens", 128)), tuple(args), kv_events)
     except (TypeError, ValueError) as exc:
         raise ConfigError("vllm", raw, f"bad value: {exc}") from exc

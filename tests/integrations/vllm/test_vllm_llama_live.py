@@ -5,12 +5,16 @@ greedy exactness on both routes against the single-instance engine (prompts shor
 block, several blocks, longer than max_num_batched_tokens so the prefill is chunked), routing by
 the threshold, cached tokens on a repeated prompt, /metrics, layer-wise timestamps, and faults:
 a corrupted frame and a prefill instance killed mid-transfer, both retried locally with the
-right tokens while the decode instance keeps serving.
+right tokens while the decode instance keeps serving. The instances publish their KV cache
+events (the topology's `vllm.kv_events`), and the PD-P instance has a small KV cache (64 blocks)
+so that the router's tracking of vLLM's evictions can be shown.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import re
 import socket
 import threading
 import time
@@ -42,6 +46,7 @@ from vllm_live import (  # noqa: E402
 LENGTHS = [5, 60, 127, 129, 200, 256, 300, 450, 600, 800, 1000, 1023, 1100, 1300, 1500, 1800,
            2048, 2300, 2600, 3000]
 MAX_TOKENS = 16
+PDP_BLOCKS = 64  # pdp-0's KV cache (--num-gpu-blocks-override): 8,192 tokens, 2 long prompts
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +58,11 @@ def live() -> Iterator[dict[str, Any]]:
 def _live(root: Path) -> Iterator[dict[str, Any]]:
     model = build("llama", root)
     topo = topology("vllm-local-llama.yaml", model)
+    assert topo.vllm is not None and topo.vllm.kv_events  # the shipped topology has them on
+    topo = dataclasses.replace(topo, workers=tuple(
+        dataclasses.replace(w, vllm_args=(*w.vllm_args, "--num-gpu-blocks-override",
+                                          str(PDP_BLOCKS))) if w.name == "pdp-0" else w
+        for w in topo.workers))
     with deployment(topo, root / "logs") as (dep, ref, traces):
         assert ref is not None
         routers = {name: ExtraRouter(dep, root / "logs", name, policy=name, policy_args={})
@@ -261,3 +271,120 @@ def test_seeded_sampling_resumed_after_k_tokens_equals_the_uninterrupted_run(liv
         assert resumed == full[k:], (full, resumed)
         assert restarted != full[k:]  # the offset is what makes them equal
     print(f"\nseeded resume equal to the uninterrupted run: {rows}")
+
+
+def _event_counts(url: str, worker: str) -> dict[str, float]:
+    """The router's `prfaas_cache_events_total` for one worker, by kind."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    pat = re.compile(r'^prfaas_cache_events_total\{kind="(\w+)",worker="' + re.escape(worker)
+                     + r'"\} (\S+)$', re.M)
+    return {kind: float(v) for kind, v in pat.findall(text)}
+
+
+def _wait_events(url: str, worker: str, kind: str, at_least: float) -> dict[str, float]:
+    deadline = time.monotonic() + 120
+    while True:
+        counts = _event_counts(url, worker)
+        if counts.get(kind, 0.0) >= at_least:
+            return counts
+        assert time.monotonic() < deadline, f"{worker}: {kind} < {at_least}: {counts}"
+        time.sleep(0.2)
+
+
+def test_prefix_state_follows_vllm_kv_events_including_evictions(live: dict) -> None:
+    """The main router (prfaas-threshold, t = 1024: PD-P iff the prompt's length minus what a
+    PD-P instance holds is <= t) knows pdp-0's cache only from vLLM's KV events. A control
+    router with events off infers the cache from the requests it sent (all-pd: it puts the
+    prompt on pdp-0 itself) and never sees an eviction."""
+    dep = live["dep"]
+    main = dep.url
+    assert dep.topology.vllm is not None
+    control = ExtraRouter(dep, live["logs"], "no-events", policy="all-pd", policy_args={},
+                          vllm=dataclasses.replace(dep.topology.vllm, kv_events=False))
+    try:
+        [long_] = prompts([2000], seed=41)  # 15 full blocks of 128 tokens
+        # 4 x 24 blocks through pdp-0's 63 usable ones (LRU): every block is reused at least once
+        fillers = prompts([3000] * 4, seed=42)
+        start = _event_counts(main, "pdp-0")
+        put = routed(control.url, long_, 4)["prfaas"]  # computed on pdp-0 (not via `main`)
+        assert put["prefill_node"] == "pdp-0" and put["router_cached_tokens"] == {}, put
+        stored = start.get("stored_blocks", 0.0) + 15
+        _wait_events(main, "pdp-0", "stored_blocks", stored)
+
+        # 1. routed by its cached tokens as vLLM's events report them: 2000 - 1920 <= t
+        hit = routed(main, long_, 4)["prfaas"]
+        assert hit["router_cached_tokens"].get("pdp-0") == 1920, hit
+        assert hit["route"] == "pd" and hit["prefill_node"] == "pdp-0", hit
+        assert hit["cached_tokens"] >= 1920, hit  # vLLM's own count agrees: a real hit
+        assert hit["token_ids"] == put["token_ids"]
+
+        # 2. other long prompts on pdp-0 evict its blocks (vLLM's BlockRemoved)
+        before = _event_counts(main, "pdp-0")
+        for prompt in fillers:
+            assert routed(control.url, prompt, 4)["prfaas"]["prefill_node"] == "pdp-0"
+        after = _wait_events(main, "pdp-0", "removed_blocks",
+                             before.get("removed_blocks", 0.0) + 15)
+        assert after.get("resets", 0.0) == before.get("resets", 0.0), after  # not a reset
+        miss = routed(main, long_, 4)["prfaas"]
+        assert "pdp-0" not in miss["router_cached_tokens"], miss  # it stopped counting them
+        assert miss["route"] == "prfaas", miss  # so the full 2000 tokens exceed t
+        # the decoder still holds the prompt (1 GiB cache): only pdp-0's blocks were dropped
+        assert miss["router_cached_tokens"].get("pdd-0") == 1920, miss
+
+        # negative control: inferred from requests, pdp-0 still "holds" the prompt, but vLLM
+        # computes it again there (cached_tokens 0): the inference over-counts after an eviction
+        stale = routed(control.url, long_, 4)["prfaas"]
+        assert stale["router_cached_tokens"].get("pdp-0") == 1920, stale
+        assert stale["prefill_node"] == "pdp-0" and stale["cached_tokens"] < 1920, stale
+        print(f"\nevents router: hit {hit['router_cached_tokens']} -> {hit['route']}; "
+              f"after eviction {miss['router_cached_tokens']} -> {miss['route']}; "
+              f"pdp-0 events {after}; control (no events) counted "
+              f"{stale['router_cached_tokens']}, vLLM cached {stale['cached_tokens']}")
+    finally:
+        control.stop()
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} " if want else f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_cache_aware_controller_on_vllm_counts_connector_bytes(live: dict) -> None:
+    """The cache-aware policy under the threshold controller, on the vLLM instances: every
+    PrfaaS transfer's `kv_bytes` is the producer connector's count and equals what the
+    decoder's receiver traced for that transfer (an independent count); /metrics' inter-DC
+    bytes are their sum, and the controller's egress (the link monitor the router feeds with
+    those bytes) is non-zero after a transfer."""
+    dep = live["dep"]
+    router = ExtraRouter(dep, live["logs"], "controlled", policy="cache-aware+controller",
+                         policy_args={"threshold_tokens": 1024, "controller": {
+                             "period_s": 0.5, "min_window": 2, "agree_solves": 1}})
+    try:
+        shipped, egress = [], []
+        for prompt in prompts([1500, 1700, 1900], seed=51):
+            before = {e["tid"] for e in trace(live["traces"], "pdd-0")}
+            p = routed(router.url, prompt, 4)["prfaas"]
+            egress.append(_metric(router.url, "prfaas_link_egress_gbps"))
+            if p["route"] != "prfaas":  # the controller may have raised t past this length
+                continue
+            tids = {e["tid"] for e in trace(live["traces"], "pdd-0") if e["ev"] == "done"
+                    and not e["error"]} - before
+            assert len(tids) == 1, tids
+            received = sum(e["bytes"] for e in trace(live["traces"], "pdd-0")
+                           if e["ev"] == "tensor" and e["tid"] in tids)
+            model_bytes = len(prompt) * 2048  # the size model: tokens x 2 KiB (tiny Llama)
+            print(f"\n{len(prompt)} tokens: kv_bytes {p['kv_bytes']}, received {received}, "
+                  f"size model {model_bytes}, egress {egress[-1]:.4f} Gb/s")
+            assert p["kv_bytes"] == received > 0, (p, received)
+            shipped.append(p["kv_bytes"])
+        assert shipped, "no request took the PrfaaS route"
+        assert _metric(router.url, "prfaas_kv_bytes_total", link="inter_dc") == sum(shipped)
+        assert max(egress) > 0, egress
+    finally:
+        router.stop()

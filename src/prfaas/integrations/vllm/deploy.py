@@ -9,12 +9,14 @@ SIGTERM and /health work on it unchanged.
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 from pathlib import Path
 from typing import Any
 
 from prfaas.core.errors import ConfigError
+from prfaas.integrations.vllm.kv_events import events_config
 from prfaas.integrations.vllm.kv_security import FAULT_ENV
 from prfaas.integrations.vllm.server import VllmSpec
 from prfaas.serve.topology import Topology, WorkerSpec
@@ -40,11 +42,19 @@ def worker_spec(topology: Topology, worker: WorkerSpec,
         conf = {"rate_gbps": link.sender_rate_gbps, "connections": link.connections}
     conf.update(tls_extra(topology, worker))
     conf.update(extra or {})
+    events: tuple[str, ...] = ()
+    if s.kv_events:  # the router subscribes to them (kv_events.py)
+        if not worker.events_port:
+            raise ConfigError(f"workers.{worker.name}.events_port", worker.events_port,
+                              "vllm.kv_events needs a port to publish on (0 is resolved by "
+                              "the launcher)")
+        events = ("--kv-events-config",
+                  json.dumps(events_config(worker.events_port, worker.name)))
     return VllmSpec(s.model_dir, worker.port, worker.host, s.served_name, role, conf,  # type: ignore[arg-type]
                     max_model_len=s.max_model_len,
                     max_num_batched_tokens=s.max_num_batched_tokens, kv_cache_gib=s.kv_cache_gib,
                     cores=worker.cores,
-                    args=(*s.args, *worker.vllm_args, *https_args(topology, worker)))
+                    args=(*s.args, *worker.vllm_args, *events, *https_args(topology, worker)))
 
 
 def tls_extra(topology: Topology, worker: WorkerSpec) -> dict[str, Any]:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from prfaas.cache.listener import PoolListener
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.deploy import exec_worker, prepare, settings
+from prfaas.integrations.vllm.kv_events import VllmKvEvents
 from prfaas.integrations.vllm.served_model import ServedModel
 from prfaas.models.card import ModelCard
 from prfaas.models.kv import KVGeometry, geometry
@@ -45,7 +47,18 @@ class VllmEngineBackend(EngineBackend):
         model, geo = self._model()
         return {"served_name": model.name, "block_size_tokens": model.block_size_tokens,
                 "kv_bytes_per_token": geo.kv_bytes_per_token,
-                "kv_fixed_bytes": int(geo.linear_state_bytes)}
+                "kv_fixed_bytes": int(geo.linear_state_bytes),
+                # with KV events the instances report their cache; no inference from requests
+                "report_inserts": not settings(self.topology).kv_events}
+
+    def cache_events(self, listener: PoolListener) -> VllmKvEvents | None:
+        """With `vllm.kv_events`: the subscriber that feeds `listener` from every instance's
+        KV events (kv_events.py); the router starts it."""
+        if not settings(self.topology).kv_events:
+            return None
+        model, _ = self._model()
+        endpoints = {w.name: f"tcp://{w.host}:{w.events_port}" for w in self.topology.workers}
+        return VllmKvEvents(endpoints, listener, model.block_size_tokens)
 
     def prepare(self) -> None:
         prepare(self.topology)

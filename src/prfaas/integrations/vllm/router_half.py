@@ -9,7 +9,9 @@ stream (vLLM aborts the waiting request); a KV load that fails (connection lost,
 timeout, fingerprint mismatch) ends the decode request with an error, never with tokens computed
 from wrong KV: either is an `AttemptFailed`, and the dispatcher retries on the local path.
 Cache state: every full block of a prompt an instance computed or received is in its prefix
-cache afterwards (vLLM caches them all), so the backend reports those hashes as inserts.
+cache afterwards (vLLM caches them all), so the backend reports those hashes as inserts -
+unless the instances publish their KV events (`vllm.kv_events`, kv_events.py), which then are
+the only source (`report_inserts=False`): they also report evictions.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ class VllmBackend(WorkerBackend):
 
     def __init__(self, session: aiohttp.ClientSession, served_name: str = "tiny",
                  block_size_tokens: int = 128, kv_bytes_per_token: float = 0.0,
-                 kv_fixed_bytes: int = 0, **_: object) -> None:
+                 kv_fixed_bytes: int = 0, report_inserts: bool = True, **_: object) -> None:
         self.session, self.served_name = session, served_name
+        self.report_inserts = report_inserts
         self.block_size_tokens = block_size_tokens
         self.kv_bytes_per_token, self.kv_fixed_bytes = kv_bytes_per_token, kv_fixed_bytes
 
@@ -130,6 +133,8 @@ class VllmBackend(WorkerBackend):
         return out
 
     def _inserted(self, token_ids: list[int]) -> dict[str, Any]:
+        if not self.report_inserts:
+            return {}
         return {"inserted": chain_hashes(token_ids, self.block_size_tokens)}
 
     async def _prefill(self, a: Attempt, tid: int, nonce: str, report: AttemptReport) -> None:

@@ -55,6 +55,8 @@ class Outcome:
     decode_node: str = ""
     threshold_tokens: int | None = None
     cached_tokens: int = 0  # prompt tokens the prefill node did not recompute
+    # what the router's KVCache manager counted cached per instance when it routed (> 0 only)
+    router_cached_tokens: dict[str, int] = field(default_factory=dict)
     decode_cached_tokens: int = 0  # prompt tokens the decode node already held (not shipped)
     kv_bytes: int = 0
     prefill_s: float = 0.0
@@ -77,7 +79,8 @@ class Outcome:
         return {"route": self.route, "first_route": self.first_route,
                 "prefill_node": self.prefill_node,
                 "decode_node": self.decode_node, "cached_tokens": self.cached_tokens,
-                "decode_cached_tokens": self.decode_cached_tokens, "kv_bytes": self.kv_bytes,
+                "decode_cached_tokens": self.decode_cached_tokens,
+                "router_cached_tokens": self.router_cached_tokens, "kv_bytes": self.kv_bytes,
                 "threshold_tokens": self.threshold_tokens, "prefill_s": self.prefill_s,
                 "prefill_queue_s": self.prefill_queue_s, "transfer_tail_s": self.transfer_tail_s,
                 "kv_ready_unix_s": self.kv_ready_unix_s,
@@ -100,11 +103,12 @@ class Dispatcher:
         self.retry = RetryPolicy(topology.max_retries)
         self.eos_id = ByteTokenizer().eos_id
         self.block_size_tokens = block_size_tokens
+        self.exact_match = False  # True: the manager's pools need not be prefix-closed
         self._ids = itertools.count(1)
 
     def route(self, req: GenRequest, request_id: str) -> tuple[RouteQuery, RouteDecision]:
         hashes = chain_hashes(req.token_ids, self.block_size_tokens)
-        match = self.manager.match(hashes)
+        match = self.manager.match(hashes, exact=self.exact_match)
         cached = {i: match.cached_tokens(i) for i in self.manager.instances
                   if match.cached_tokens(i) > 0}
         view = self.cluster.view()

@@ -55,6 +55,11 @@ class RouterMetrics:
         self.degraded = Counter("prfaas_degraded", "1 while any worker is down.", "gauge")
         self.active = Counter("prfaas_active_requests", "Requests accepted and not finished.",
                               "gauge")
+        self.cache_events = Counter("prfaas_cache_events_total",
+                                    "The instances' own KV cache events (vLLM kv_events) by "
+                                    "worker and kind: blocks stored / removed, clears, index "
+                                    "resets (events lost), blocks that could not be placed.",
+                                    "counter")
 
     def render(self, refresh: Callable[[], None] | None = None) -> str:
         if refresh is not None:
@@ -64,5 +69,5 @@ class RouterMetrics:
             self.kv_transfers,
             self.cached_tokens, self.retries, self.errors, self.threshold, self.inflight,
             self.link_egress, self.link_pending, self.resumes, self.worker_up, self.restarts,
-            self.degraded, self.active]
+            self.degraded, self.active, self.cache_events]
         return "\n".join(line for p in parts for line in p.render()) + "\n"

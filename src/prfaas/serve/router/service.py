@@ -66,8 +66,10 @@ class RouterService:
             self.manager.add_instance(w.name, w.cluster)
         self.cluster = LiveCluster(topology, self.config.kv, engine.prefill_models())
         self.metrics = RouterMetrics()
+        # the instances' own cache events, when the engine publishes them (vLLM kv_events)
+        self.cache_events = engine.cache_events(self.manager)
         self.membership = Membership(topology, self.cluster, None,
-                                     on_restart=self.manager.forget_pool)
+                                     on_restart=self._forget)
         self.active = 0  # requests accepted and not finished (admission.max_inflight)
         self._session: aiohttp.ClientSession | None = None
         self._dispatcher: Dispatcher | None = None
@@ -90,6 +92,12 @@ class RouterService:
         app.on_cleanup.append(self._stop)
         return app
 
+    def _forget(self, name: str) -> None:
+        """A worker restarted: its cache is empty."""
+        self.manager.forget_pool(name)
+        if self.cache_events is not None:
+            self.cache_events.forget(name)
+
     async def _start(self, _: web.Application) -> None:
         # no pool limit: a long-running stream must not starve other requests of connections
         # (and with TLS: the one client context every control call to a PrfaaS worker uses)
@@ -101,10 +109,16 @@ class RouterService:
         self._dispatcher = Dispatcher(self.topology, self.cluster, self.manager, self.policy,
                                       self._session, self.config.block_size_tokens,
                                       backend=backend, membership=self.membership)
+        if self.cache_events is not None:
+            # an engine's evictions need not keep a pool prefix-closed: check every block
+            self._dispatcher.exact_match = True
+            self.cache_events.start()
         self.membership.start()
 
     async def _stop(self, _: web.Application) -> None:
         await self.membership.stop()
+        if self.cache_events is not None:
+            await self.cache_events.stop()
         if self._session is not None:
             await self._session.close()
 
@@ -150,6 +164,12 @@ class RouterService:
             self.metrics.restarts.set(float(state.restarts), worker=name)
         self.metrics.degraded.set(1.0 if self.membership.degraded else 0.0)
         self.metrics.active.set(float(self.active))
+        if self.cache_events is not None:
+            for name, st in self.cache_events.stats.items():
+                for kind in ("stored_blocks", "removed_blocks", "cleared", "resets",
+                             "unplaced_blocks", "unknown_removed"):
+                    self.metrics.cache_events.set(float(getattr(st, kind)), worker=name,
+                                                  kind=kind)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
@@ -172,6 +192,7 @@ class RouterService:
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
             assert self._dispatcher is not None
             query, decision = self._dispatcher.route(req, rid)
+            out.router_cached_tokens = dict(query.cached_tokens)
         except ApiError as exc:
             self.metrics.errors.inc(status=str(exc.status))
             return web.json_response(exc.body(), status=exc.status, headers=exc.headers())
