@@ -160,7 +160,9 @@ class RecvLink(_Loop):
     def __init__(self, config: ReceiverConfig,
                  on_tensor: Callable[[int, int, str, np.ndarray], None]) -> None:
         super().__init__("prfaas-kv-recv")
-        self.receiver = KVReceiver(config, on_tensor=on_tensor)
+        # tensors land in the receiver's arena (mapped at start, reused across transfers);
+        # `on_tensor` copies what it keeps, so each slice is free again when it returns
+        self.receiver = KVReceiver(replace(config, pretouch_arena=True), on_tensor=on_tensor)
         asyncio.run_coroutine_threadsafe(self.receiver.start(), self.loop).result(timeout=10)
         self._waits: dict[int, asyncio.Task[None]] = {}
 
