@@ -1,6 +1,11 @@
 """KVReceiver: an asyncio TCP server that reassembles requests sent by KVSenders.
 
-Chunks are received straight into the destination tensor. A bad frame (magic, checksum, limits,
+Chunks are received straight into the destination tensor, carved from the receiver's arena
+(transport/arena.py: one buffer reused across transfers, a slice reused only once no array
+views it). Payloads of 64 KiB or more are received by a worker thread per connection, which
+checks each payload's CRC and, while the next header is already there and is a DATA frame of a
+live request, goes on to it without the loop; the loop counts chunks, hands out tensors
+(`on_tensor`, on the loop's thread) and handles END and ABORT. A bad frame (magic, checksum, limits,
 shape, short read) closes only its connection and fails, with that typed error, the requests
 that were in flight on it; the server keeps serving. Between frames an idle connection may wait
 `idle_timeout_s` (None: forever, a pooled link is not a transfer); once a frame has begun, or
