@@ -9,9 +9,12 @@ totals that the END frames announced. No sockets here; the receiver drives it.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +64,8 @@ class Assembly:
     result: ReceivedKV | None = None
     error: TransportError | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # The receiver's lock: payload threads create tensors and slice buffers too.
+    lock: AbstractContextManager[Any] = field(default_factory=threading.RLock)
 
     @property
     def finished(self) -> bool:
@@ -68,6 +73,10 @@ class Assembly:
 
     def target(self, h: FrameHeader) -> memoryview:
         """The slice chunk `h` is received into; creates the tensor on its first chunk."""
+        with self.lock:
+            return self._target(h)
+
+    def _target(self, h: FrameHeader) -> memoryview:
         if self.first_byte_s is None:
             self.first_byte_s = time.monotonic()
         key = (h.layer, h.name)
@@ -94,13 +103,18 @@ class Assembly:
 
     def chunk_done(self, h: FrameHeader) -> np.ndarray | None:
         """Count a received chunk; returns the tensor when its last byte has arrived."""
-        t = self.tensors[(h.layer, h.name)]
-        t.received_bytes += h.chunk_bytes
-        self.received_bytes += h.chunk_bytes
-        return t.array() if t.received_bytes == h.total_bytes else None
+        with self.lock:
+            t = self.tensors[(h.layer, h.name)]
+            t.received_bytes += h.chunk_bytes
+            self.received_bytes += h.chunk_bytes
+            return t.array() if t.received_bytes == h.total_bytes else None
 
     def end(self, info: EndInfo) -> bool:
         """Record one stream's END; True (and `result` set) once the request is complete."""
+        with self.lock:
+            return self._end(info)
+
+    def _end(self, info: EndInfo) -> bool:
         first = next(iter(self.ends.values()), info)
         if (info.num_tensors, info.tensor_bytes, info.num_streams) != (
                 first.num_tensors, first.tensor_bytes, first.num_streams):
@@ -120,11 +134,12 @@ class Assembly:
         return True
 
     def fail(self, exc: TransportError) -> None:
-        if self.finished:
-            return
-        self.error = exc
-        self.tensors.clear()  # free the buffers now; the waiter only needs the error
-        self.done.set()
+        with self.lock:
+            if self.finished:
+                return
+            self.error = exc
+            self.tensors.clear()  # free the buffers now; the waiter only needs the error
+            self.done.set()
 
     def _complete(self) -> None:
         layers: dict[int, dict[str, np.ndarray]] = {}

@@ -24,7 +24,7 @@ import numpy as np
 
 from prfaas.core.errors import TransportError
 from prfaas.transport import errors as transport_errors
-from prfaas.transport.assembly import ReceivedKV, fresh_buffer
+from prfaas.transport.assembly import ReceivedKV
 from prfaas.transport.receiver import KVReceiver, ReceiverConfig
 
 
@@ -55,30 +55,10 @@ TlsFactory = Callable[[], ssl.SSLContext]  # picklable (a functools.partial of a
 AllocatorFactory = Callable[[], Callable[[int], np.ndarray]]
 
 
-def arena_allocator(arena_bytes: int) -> Callable[[int], np.ndarray]:
-    """An allocator handing out consecutive slices of one pre-touched arena, wrapping around
-    (what a decode worker's KV pool gives a receiver: no first-touch page faults). Only for
-    consumers that are done with a request's arrays before the arena wraps onto them."""
-    arena = np.ones(arena_bytes, dtype=np.uint8)  # touched: every page mapped now
-    offset = 0
-
-    def allocate(nbytes: int) -> np.ndarray:
-        nonlocal offset
-        if nbytes > arena_bytes:
-            return np.empty(nbytes, dtype=np.uint8)
-        if offset + nbytes > arena_bytes:
-            offset = 0
-        out = arena[offset : offset + nbytes]
-        offset += nbytes
-        return out
-
-    return allocate
-
-
 async def _child_main(conn: Connection, config: ReceiverConfig, tls: TlsFactory | None,
                       allocate: AllocatorFactory | None) -> None:
     loop = asyncio.get_running_loop()
-    alloc = allocate() if allocate is not None else fresh_buffer
+    alloc = allocate() if allocate is not None else None  # None: config.arena_bytes decides
     async with KVReceiver(config, allocate=alloc, tls=tls() if tls is not None else None) as rx:
         conn.send(("port", rx.port))
         pending: set[asyncio.Task[None]] = set()
@@ -111,7 +91,8 @@ class ReceiverProcess:
     def __init__(self, config: ReceiverConfig | None = None, tls: TlsFactory | None = None,
                  allocate: AllocatorFactory | None = None) -> None:
         """`tls` builds the child's server context there (contexts do not pickle);
-        `allocate` its receive-buffer allocator (e.g. partial(arena_allocator, n))."""
+        `allocate` its receive-buffer allocator (default: the receive arena the config
+        asks for, `ReceiverConfig.arena_bytes`)."""
         self.config = config or ReceiverConfig()
         ctx = mp.get_context("spawn")  # no fork: the parent may hold torch threads
         self._conn, child_conn = ctx.Pipe()

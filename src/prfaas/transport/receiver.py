@@ -1,6 +1,11 @@
 """KVReceiver: an asyncio TCP server that reassembles requests sent by KVSenders.
 
-Chunks are received straight into the destination tensor. A bad frame (magic, checksum, limits,
+Chunks are received straight into the destination tensor, carved from the receiver's arena
+(transport/arena.py: one buffer reused across transfers, a slice reused only once no array
+views it). Payloads of 64 KiB or more are received by a worker thread per connection, which
+checks each payload's CRC and, while the next header is already there and is a DATA frame of a
+live request, goes on to it without the loop; the loop counts chunks, hands out tensors
+(`on_tensor`, on the loop's thread) and handles END and ABORT. A bad frame (magic, checksum, limits,
 shape, short read) closes only its connection and fails, with that typed error, the requests
 that were in flight on it; the server keeps serving. Between frames an idle connection may wait
 `idle_timeout_s` (None: forever, a pooled link is not a transfer); once a frame has begun, or
@@ -19,6 +24,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prfaas.core.errors import ConfigError, TransportError
+from prfaas.transport.arena import ReceiveArena
 from prfaas.transport.assembly import Assembly, ReceivedKV, fresh_buffer
 from prfaas.transport.channel import Channel, TlsChannel, TlsRefused
 from prfaas.transport.errors import (
@@ -63,6 +70,11 @@ class ReceiverConfig:
     frame_timeout_s: float = 30.0
     idle_timeout_s: float | None = None
     backlog: int = 128
+    # Tensors land in one reused arena of this size (transport/arena.py; 0: a fresh array per
+    # tensor, which pays its first-touch page faults during the transfer). `pretouch_arena`
+    # maps every page at start(); otherwise pages are mapped by the first transfers to use them.
+    arena_bytes: int = 256 * 2**20
+    pretouch_arena: bool = False
 
     def __post_init__(self) -> None:
         if not self.frame_timeout_s > 0:
@@ -71,6 +83,8 @@ class ReceiverConfig:
             raise ConfigError("idle_timeout_s", self.idle_timeout_s, "must be positive or None")
         if not 0 <= self.port < 65536:
             raise ConfigError("port", self.port, "must be 0..65535")
+        if self.arena_bytes < 0:
+            raise ConfigError("arena_bytes", self.arena_bytes, "must be >= 0 (0: no arena)")
 
 
 @dataclass(slots=True)
@@ -90,20 +104,24 @@ class ReceiverStats:
     connections_accepted: int = 0
     connections_failed: int = 0
     tls_refused: int = 0  # handshakes failed or certificate names refused
+    thread_frames: int = 0  # DATA frames a payload thread went on to without the loop
 
 
 class KVReceiver:
     def __init__(self, config: ReceiverConfig | None = None,
                  on_tensor: TensorCallback | None = None,
-                 allocate: Callable[[int], np.ndarray] = fresh_buffer, *,
+                 allocate: Callable[[int], np.ndarray] | None = None, *,
                  tls: ssl.SSLContext | None = None,
                  accept_peer: Callable[[str | None], bool] | None = None) -> None:
-        """`allocate(nbytes)` returns the uint8 buffer a tensor is received into (default: a
-        fresh numpy array); a decode worker can pass one that draws on its KV pool."""
+        """`allocate(nbytes)` returns the uint8 buffer a tensor is received into (default:
+        the receive arena, `config.arena_bytes`; a fresh numpy array without one). Arena memory
+        is reused only once no array views it, so a consumer may keep what it was given."""
         self.config = config or ReceiverConfig()
         self.tls, self.accept_peer = tls, accept_peer
         self.on_tensor = on_tensor
-        self.allocate = allocate
+        self.arena = (ReceiveArena(self.config.arena_bytes, pretouch=False)
+                      if allocate is None and self.config.arena_bytes else None)
+        self.allocate = allocate or (self.arena.allocate if self.arena else fresh_buffer)
         self.stats = ReceiverStats()
         self.errors: list[TransportError] = []  # every connection-closing error, in order
         self._listener: socket.socket | None = None
@@ -113,6 +131,9 @@ class KVReceiver:
         self._retired: deque[int] = deque(maxlen=_RETIRED_IDS)
         self._retired_set: set[int] = set()
         self._pool = ThreadPoolExecutor(64, "kv-recv")  # threads start on demand
+        # Assemblies are touched by the loop and by payload threads (which go on to the next
+        # DATA frame themselves, creating its tensor when it is the first chunk).
+        self._lock = threading.RLock()
 
     @property
     def port(self) -> int:
@@ -129,6 +150,8 @@ class KVReceiver:
         await self.close()
 
     async def start(self) -> None:
+        if self.arena is not None and self.config.pretouch_arena:
+            self.arena.pretouch()
         lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -169,19 +192,22 @@ class KVReceiver:
         return asm.result
 
     def _assembly(self, request_id: int) -> Assembly | None:
-        if request_id in self._retired_set:
-            return None
-        asm = self._assemblies.get(request_id)
-        if asm is None:
-            asm = self._assemblies[request_id] = Assembly(request_id, self.allocate)
-        return asm
+        with self._lock:
+            if request_id in self._retired_set:
+                return None
+            asm = self._assemblies.get(request_id)
+            if asm is None:
+                asm = self._assemblies[request_id] = Assembly(request_id, self.allocate,
+                                                              lock=self._lock)
+            return asm
 
     def _retire(self, request_id: int) -> None:
-        self._assemblies.pop(request_id, None)
-        if len(self._retired) == self._retired.maxlen:
-            self._retired_set.discard(self._retired[0])
-        self._retired.append(request_id)
-        self._retired_set.add(request_id)
+        with self._lock:
+            self._assemblies.pop(request_id, None)
+            if len(self._retired) == self._retired.maxlen:
+                self._retired_set.discard(self._retired[0])
+            self._retired.append(request_id)
+            self._retired_set.add(request_id)
 
     async def _accept_loop(self, lsock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -255,28 +281,91 @@ class KVReceiver:
             raise BadHeader(f"{what}: no payload checksum on a plaintext connection")
         return h
 
-    async def _read_payload(self, conn: _Conn, h: FrameHeader, into: memoryview) -> None:
-        what = f"payload of request {h.request_id} layer {h.layer} from {conn.peer}"
-        timeout_s = self.config.frame_timeout_s
+    async def _read_payload(self, conn: _Conn, h: FrameHeader, into: memoryview
+                            ) -> FrameHeader:
+        """Receive `h`'s payload; a payload thread may go on with the DATA frames queued
+        behind it (each handed to `_chunk_arrived` as it completes). Returns the header of
+        the last frame read, whose payload the caller accounts for."""
+        crc: int | None = None
         if len(into) >= THREAD_MIN_BYTES:
             loop = asyncio.get_running_loop()
-            job = loop.run_in_executor(self._pool, _payload_then_peek, conn.chan, into,
-                                       timeout_s, memoryview(conn.head))
+            job = loop.run_in_executor(self._pool, self._frames_sync, loop, conn, h, into)
             try:
-                got, conn.head_bytes = await with_timeout(asyncio.shield(job), None, what)
+                h, into, got, conn.head_bytes, crc = await with_timeout(
+                    asyncio.shield(job), None, f"payload from {conn.peer}")
             except asyncio.CancelledError:
                 conn.chan.close()  # the thread must stop writing into `into`; it sees closed
                 with contextlib.suppress(Exception):
                     await job
                 raise
         else:
-            got = await with_timeout(recv_exactly(conn.chan, into), timeout_s, what)
+            got = await with_timeout(recv_exactly(conn.chan, into), self.config.frame_timeout_s,
+                                     _what(h, conn))
         if got < len(into):
-            raise ShortRead(f"{what}: peer closed after {got} of {len(into)} bytes")
-        if h.payload_checksummed and (crc := checksum(into)) != h.payload_crc:
-            raise ChecksumMismatch(f"{what}: payload crc32c {crc:#010x}, header "
-                                   f"says {h.payload_crc:#010x}")
+            raise ShortRead(f"{_what(h, conn)}: peer closed after {got} of {len(into)} bytes")
+        if h.payload_checksummed:
+            crc = checksum(into) if crc is None else crc
+            if crc != h.payload_crc:
+                raise ChecksumMismatch(f"{_what(h, conn)}: payload crc32c {crc:#010x}, header "
+                                       f"says {h.payload_crc:#010x}")
         self.stats.received_bytes += HEADER_BYTES + len(into)
+        return h
+
+    def _frames_sync(self, loop: asyncio.AbstractEventLoop, conn: _Conn, h: FrameHeader,
+                     into: memoryview) -> tuple[FrameHeader, memoryview, int, int, int | None]:
+        """Payload thread: receive `h`'s payload and check its CRC while it is in cache (the
+        GIL is released, so connections check in parallel). While the next header is already
+        there and is a sound DATA frame of a live request, account this frame on the loop
+        and receive that one too, sparing the loop a round trip per frame. Returns the last
+        frame (header, buffer, bytes got, bytes of the next header already read, its CRC)."""
+        head = memoryview(conn.head)
+        while True:
+            got = conn.chan.recv_exactly_sync(into, self.config.frame_timeout_s)
+            crc = checksum(into) if h.payload_checksummed and got == len(into) else None
+            if got < len(into) or (crc is not None and crc != h.payload_crc):
+                return h, into, got, 0, crc
+            head_bytes = conn.chan.try_recv_sync(head)
+            nxt = self._next_data(conn, head_bytes)
+            if nxt is None:
+                return h, into, got, head_bytes, crc
+            loop.call_soon_threadsafe(self._chunk_arrived, h, True)
+            h, into = nxt
+
+    def _next_data(self, conn: _Conn, head_bytes: int) -> tuple[FrameHeader, memoryview] | None:
+        """The next frame and its buffer when the thread may receive it (else the loop does)."""
+        if head_bytes < HEADER_BYTES:
+            return None
+        try:
+            h = decode_header(conn.head, self.config.limits)
+        except TransportError:
+            return None  # the loop decodes it again and fails the connection
+        if h.frame_type != FrameType.DATA or (not h.payload_checksummed
+                                              and not conn.chan.authenticated):
+            return None
+        with self._lock:
+            asm = None if h.request_id in self._retired_set else self._assembly(h.request_id)
+            if asm is None or asm.finished:
+                return None
+            try:
+                view = asm.target(h)
+            except TransportError:
+                return None
+            conn.open_ids.add(h.request_id)
+        conn.current_id = h.request_id
+        return h, view
+
+    def _chunk_arrived(self, h: FrameHeader, by_thread: bool = False) -> None:
+        """On the loop: count a received chunk; hand out its tensor once complete."""
+        if by_thread:  # a frame the payload thread went on to (the loop never saw it)
+            self.stats.received_frames += 1
+            self.stats.thread_frames += 1
+            self.stats.received_bytes += HEADER_BYTES + h.chunk_bytes
+        asm = self._assemblies.get(h.request_id)
+        if asm is None or asm.finished:  # failed while this chunk arrived (another connection,
+            return  # a consumer callback): its buffers are gone, drop the chunk
+        array = asm.chunk_done(h)
+        if array is not None and self.on_tensor is not None:
+            self._notify(asm, h, array)
 
     async def _dispatch(self, conn: _Conn, h: FrameHeader) -> None:
         asm = self._assembly(h.request_id)
@@ -286,12 +375,7 @@ class KVReceiver:
                 await self._read_payload(conn, h, memoryview(bytearray(h.chunk_bytes)))
                 return
             conn.open_ids.add(h.request_id)
-            await self._read_payload(conn, h, asm.target(h))
-            if asm.finished:  # failed while this chunk arrived (another connection, a
-                return  # consumer callback): its buffers are gone, drop the chunk
-            array = asm.chunk_done(h)
-            if array is not None and self.on_tensor is not None:
-                self._notify(asm, h, array)
+            self._chunk_arrived(await self._read_payload(conn, h, asm.target(h)))
             return
         payload = bytearray(h.chunk_bytes)
         await self._read_payload(conn, h, memoryview(payload))
@@ -316,9 +400,5 @@ class KVReceiver:
                                     f"{type(exc).__name__}: {exc}"))
 
 
-def _payload_then_peek(chan: Channel, into: memoryview, timeout_s: float,
-                       head: memoryview) -> tuple[int, int]:
-    """Worker thread: the payload, then whatever of the next header is already there (saves
-    the loop a wake-up per frame)."""
-    got = chan.recv_exactly_sync(into, timeout_s)
-    return got, chan.try_recv_sync(head) if got == len(into) else 0
+def _what(h: FrameHeader, conn: _Conn) -> str:
+    return f"payload of request {h.request_id} layer {h.layer} from {conn.peer}"

@@ -31,7 +31,17 @@ from prfaas.transport.monitor import LinkMonitor
 from prfaas.transport.shaper import TokenBucket
 from prfaas.transport.sockio import translate, tune, with_timeout
 from prfaas.transport.tcpinfo import tcp_retransmits
-from prfaas.transport.wire import EndInfo, Kind, abort_frame, data_header, dtype_code, end_frame
+from prfaas.transport.wire import (
+    HEADER_BYTES,
+    EndInfo,
+    FrameHeader,
+    Kind,
+    abort_frame,
+    data_header_unsealed,
+    dtype_code,
+    end_frame,
+    seal_header,
+)
 from prfaas.transport.wire import kind_code as to_kind
 
 THREAD_MIN_BYTES = 64 * 1024  # frames at least this big are written from a worker thread
@@ -63,12 +73,19 @@ class SenderConfig:
 @dataclass(slots=True)
 class _Frame:
     request_id: int
-    header: bytes
+    # A DATA header is sealed (its payload CRC computed) by the thread that sends it, in
+    # parallel across connections and while the payload is about to be read anyway.
+    header: bytes | FrameHeader
     payload: memoryview | bytes
 
     @property
     def nbytes(self) -> int:
-        return len(self.header) + len(self.payload)
+        head = HEADER_BYTES if isinstance(self.header, FrameHeader) else len(self.header)
+        return head + len(self.payload)
+
+    def header_bytes(self) -> bytes:
+        h = self.header
+        return h if isinstance(h, bytes) else seal_header(h, self.payload)
 
 
 @dataclass(slots=True)
@@ -173,8 +190,8 @@ class KVSender:
         step, shape, crc = self.config.chunk_bytes, tuple(array.shape), self.tls is None
         for offset in range(0, max(len(view), 1), step):
             chunk = view[offset : offset + step]
-            header = data_header(request_id, layer, kind_c, name, code, shape, len(view), offset,
-                                 chunk, crc)
+            header = data_header_unsealed(request_id, layer, kind_c, name, code, shape,
+                                          len(view), offset, len(chunk), crc)
             await self._enqueue(_Frame(request_id, header, chunk), self._least_loaded())
 
     async def finish(self, request_id: int, timeout_s: float | None = None,
@@ -280,12 +297,11 @@ class KVSender:
                 if self._bucket is not None:
                     await self._bucket.acquire(nbytes)
                 if nbytes >= THREAD_MIN_BYTES:
-                    parts = [p for f in batch for p in (f.header, f.payload)]
                     await with_timeout(loop.run_in_executor(
-                        self._pool, stream.chan.send_parts_sync, parts, timeout_s), None, what)
+                        self._pool, _send_batch_sync, stream.chan, batch, timeout_s), None, what)
                 else:
                     for f in batch:
-                        await with_timeout(stream.chan.send_frame(f.header, f.payload),
+                        await with_timeout(stream.chan.send_frame(f.header_bytes(), f.payload),
                                            timeout_s, what)
                 for f in batch:
                     await self._sent(stream, f)
@@ -322,3 +338,8 @@ class KVSender:
             self._error = exc
         async with self._space:
             self._space.notify_all()
+
+
+def _send_batch_sync(chan: Channel, batch: list[_Frame], timeout_s: float) -> None:
+    """Worker thread: seal the headers (payload CRCs, GIL released) and write the batch."""
+    chan.send_parts_sync([p for f in batch for p in (f.header_bytes(), f.payload)], timeout_s)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import TypeVar
 
@@ -258,6 +258,20 @@ def data_header(request_id: int, layer: int, kind: Kind, name: str, dtype: DType
         chunk_offset, len(payload), checksum(payload) if with_checksum else 0,
         PAYLOAD_CHECKSUM if with_checksum else 0,
     ))
+
+
+def data_header_unsealed(request_id: int, layer: int, kind: Kind, name: str, dtype: DType,
+                         shape: tuple[int, ...], total_bytes: int, chunk_offset: int,
+                         chunk_bytes: int, with_checksum: bool = True) -> FrameHeader:
+    """A DATA header whose payload CRC `seal_header` computes later (in the sending thread)."""
+    return FrameHeader(FrameType.DATA, request_id, layer, kind, name, dtype, shape, total_bytes,
+                       chunk_offset, chunk_bytes, 0, PAYLOAD_CHECKSUM if with_checksum else 0)
+
+
+def seal_header(h: FrameHeader, payload: bytes | memoryview) -> bytes:
+    """The encoded header, with the payload's CRC when the header asks for one."""
+    crc = checksum(payload) if h.payload_checksummed else 0
+    return encode_header(replace(h, payload_crc=crc))
 
 
 def _small_frame(ftype: FrameType, request_id: int, payload: bytes) -> bytes:

@@ -179,7 +179,10 @@ class RecvLink(_Loop):
                  tls: ssl.SSLContext | None = None,
                  accept_peer: Callable[[str | None], bool] | None = None) -> None:
         super().__init__("prfaas-kv-recv")
-        self.receiver = KVReceiver(config, on_tensor=on_tensor, tls=tls, accept_peer=accept_peer)
+        # tensors land in the receiver's arena (mapped at start, reused across transfers);
+        # `on_tensor` copies what it keeps, so each slice is free again when it returns
+        self.receiver = KVReceiver(replace(config, pretouch_arena=True), on_tensor=on_tensor,
+                                   tls=tls, accept_peer=accept_peer)
         asyncio.run_coroutine_threadsafe(self.receiver.start(), self.loop).result(timeout=10)
         self._waits: dict[int, asyncio.Task[None]] = {}
 

@@ -87,8 +87,11 @@ class DecodeWorker:
         self.block_size_tokens = engine.config.block_size_tokens
         self.store = PrefixStore(self.block_size_tokens, topology.cache_capacity_bytes)
         senders = frozenset(w.name for w in topology.workers if w.is_prefill)
+        # KV lands in the receiver's arena, mapped at start: no allocation or page faults per
+        # transfer; what the engine keeps of it (rows, states) stays its until dropped.
         self.receiver = KVReceiver(ReceiverConfig(host=spec.host, port=spec.kv_port,
-                                                  frame_timeout_s=topology.timeouts.kv_s),
+                                                  frame_timeout_s=topology.timeouts.kv_s,
+                                                  pretouch_arena=True),
                                    tls=kv_tls, accept_peer=senders.__contains__)
         self.model_id = model_identity(engine)
         self.integrity_failures = 0
