@@ -177,7 +177,10 @@ def scaled_point(instances: int, requests: int) -> dict[str, Any]:
             "peak_rss_before_sim_mib": round(rss_before / 1024, 1)}
 
 
-def scale_curve(baseline_src: Path | None) -> dict[str, Any]:
+def scale_curve(baseline_src: Path | None, earlier_before: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+    """With no `baseline_src`, `earlier_before` (the last run's `before`) is kept as it was,
+    marked as not re-timed."""
     trees = {"after": REPO / "src"}
     if baseline_src is not None:
         trees["before"] = baseline_src
@@ -209,6 +212,8 @@ def scale_curve(baseline_src: Path | None) -> dict[str, Any]:
     }
     if "before" in rows:
         result["before"] = {"source": str(baseline_src), "points": rows["before"]}
+    elif earlier_before is not None:
+        result["before"] = {**earlier_before, "kept": "from an earlier run, not re-timed"}
     plot_scale(result)
     return result
 
@@ -247,8 +252,8 @@ def main() -> None:
                         help="a source tree (src/) to run the scale curve from as `before`")
     args = parser.parse_args()
     if args.scale:
-        curve = scale_curve(args.scale_baseline)
         previous = json.loads(OUT.read_text()) if OUT.exists() else {}
+        curve = scale_curve(args.scale_baseline, previous.get("scale_curve", {}).get("before"))
         OUT.write_text(json.dumps({**previous, "scale_curve": curve}, indent=2) + "\n")
         print(f"wrote {OUT} (scale curve), {PLOT}")
         return

@@ -9,6 +9,7 @@ stdout with --json; with --out DIR, `result.json` (deterministic: no wall-clock 
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from prfaas.core.errors import ConfigError
 from prfaas.policy.rebalancer import RebalancerConfig
 from prfaas.scenario import load_scenario
 from prfaas.sim.link import LinkSchedule
-from prfaas.sim.metrics import per_request_rows
+from prfaas.sim.metrics import REQUEST_COLUMNS, request_table
 from prfaas.sim.outages import parse_outage
 from prfaas.sim.run import build_workload, simulate
 from prfaas.sim.system import build_system
@@ -165,7 +166,7 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
     summary["arrivals"] = arrivals if trace is None else "trace"
     summary["seed"] = seed
     if out_dir:
-        write_outputs(Path(out_dir), summary, per_request_rows(sim))
+        write_outputs(Path(out_dir), summary, request_table(sim))
     if as_json:
         echo_json(summary)
         return
@@ -185,15 +186,21 @@ def _regions(scenario_name: str, system: str, trace: str | None, rate: float | N
     return True
 
 
-def write_outputs(folder: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+def write_outputs(folder: Path, summary: dict[str, Any], rows: Iterable[tuple[Any, ...]]
+                  ) -> None:
+    """`rows`: one tuple per request in `REQUEST_COLUMNS` order (`request_table`)."""
     folder.mkdir(parents=True, exist_ok=True)
     result = {k: v for k, v in summary.items() if k not in WALL_KEYS}
     (folder / "result.json").write_text(dumps(result) + "\n")
     (folder / "timing.json").write_text(dumps({k: summary[k] for k in WALL_KEYS}) + "\n")
+    rows = iter(rows)
+    first = next(rows, None)
     with (folder / "requests.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["id"])
-        writer.writeheader()
-        writer.writerows(rows)
+        writer = csv.writer(f)
+        writer.writerow(REQUEST_COLUMNS if first is not None else ["id"])
+        if first is not None:
+            writer.writerow(first)
+            writer.writerows(rows)
 
 
 def _num(value: float | None, fmt: str) -> str:

@@ -50,6 +50,14 @@ class RankedPool(Sequence[InstanceLoad]):
     @abstractmethod
     def prefill_floor_s(self, total_tokens: int, cached_tokens: int) -> float: ...
 
+    def first(self) -> InstanceLoad | None:
+        """What `ranked()` yields first, or None when empty (a pool may answer it faster)."""
+        ranked = self.ranked()
+        try:
+            return next(ranked, (0.0, None))[1]
+        finally:
+            ranked.close()
+
     @overload
     def __getitem__(self, index: int) -> InstanceLoad: ...
 

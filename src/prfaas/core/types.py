@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
 
+from prfaas.core.frozen import fast_init
+
 PRFAAS_CLUSTER = "prfaas"
 PD_CLUSTER = "pd"
 
@@ -31,6 +33,7 @@ class Route(StrEnum):
     PD = "pd"  # prefill on a local PD-P instance
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RequestInfo:
     """What a policy knows of a request when it arrives."""
@@ -42,6 +45,7 @@ class RequestInfo:
     block_hashes: tuple[int, ...] = ()  # chained hashes of the prompt's full blocks
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class InstanceLoad:
     """One instance's state as the scheduler sees it."""
@@ -55,6 +59,7 @@ class InstanceLoad:
     free_slots: int = 0  # decode: batch slots not taken (incl. reserved)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LinkStatus:
     """The inter-cluster link as last measured."""
@@ -91,6 +96,7 @@ class ClusterView(Protocol):
         ...
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RouteQuery:
     """A request plus the cached-prefix length (tokens) at each instance that has any."""
@@ -99,6 +105,7 @@ class RouteQuery:
     cached_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     """Where a request's prefill and decode run, and what cache it reuses or moves."""
@@ -130,6 +137,8 @@ class RouteDecision:
 
 def best_cached(query: RouteQuery, instances: Sequence[InstanceLoad]) -> int:
     """Longest cached prefix (tokens) among `instances`."""
+    if not query.cached_tokens:
+        return 0  # (max of nothing, either way)
     from prfaas.core.pool import RankedPool  # (pool.py imports this module)
 
     if isinstance(instances, RankedPool):  # only the holders, looked up by name

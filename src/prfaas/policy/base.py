@@ -187,11 +187,7 @@ def pick_decode(view: ClusterView) -> InstanceLoad | None:
     if not decoders:
         return None
     if isinstance(decoders, RankedPool):  # ranked in exactly this order
-        ranked = decoders.ranked()
-        try:
-            return next(ranked)[1]
-        finally:
-            ranked.close()
+        return decoders.first()
     return min(decoders, key=lambda d: (-d.free_slots, d.running + d.queued_requests,
                                         d.instance_id))
 

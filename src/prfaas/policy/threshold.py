@@ -30,7 +30,8 @@ class ThresholdRouter(Router):
         self._t = max(int(threshold_tokens), 0)
 
     def route(self, query: RouteQuery, view: ClusterView) -> RouteDecision:
-        local_cached = best_cached(query, view.instances(PD_CLUSTER, "prefill"))
+        local_cached = best_cached(query, view.instances(PD_CLUSTER, "prefill")) \
+            if query.cached_tokens else 0  # (best_cached of no prefix, without the lookup)
         uncached = query.request.input_tokens - local_cached
         route = Route.PRFAAS if uncached > self._t else Route.PD
         return decide(query, view, route, self._t)

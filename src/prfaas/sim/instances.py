@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import TYPE_CHECKING
 
 from prfaas.core.types import InstanceLoad, Role
 from prfaas.models.profile import DecodeTime, PrefillTime
+
+if TYPE_CHECKING:
+    from prfaas.sim.pools import DecodePool, PrefillPool
 
 PREFILL_ORDERS = ("fifo", "sjf")
 
@@ -43,6 +47,7 @@ class PrefillInstance:
         self.end_s: float | None = None  # left its role
         self.version = 0  # bumped when it goes down: its pending prefill-done is void
         self.down = False
+        self.pool: PrefillPool | None = None  # the ranked pool routing sees it in, if any
 
     def __len__(self) -> int:
         return len(self._heap) if self.sjf else len(self._fifo)
@@ -108,8 +113,14 @@ class PrefillInstance:
         return max(running, 0.0) + self.queued_service_s
 
     def load(self, now_s: float) -> InstanceLoad:
-        return InstanceLoad(self.instance_id, self.cluster, "prefill", len(self),
-                            self.drain_s(now_s), 1 if self.running >= 0 else 0, 0)
+        # (drain_s and __len__ inlined: the same operations, read on every routing decision)
+        if self.running >= 0:
+            drain = max(self.busy_until_s - now_s, 0.0) + self.queued_service_s
+        else:
+            drain = 0.0 + self.queued_service_s
+        return InstanceLoad(self.instance_id, self.cluster, "prefill",
+                            len(self._heap) if self.sjf else len(self._fifo), drain,
+                            1 if self.running >= 0 else 0, 0)
 
 
 class DecodeInstance:
@@ -133,6 +144,7 @@ class DecodeInstance:
         self.end_s: float | None = None
         self._last_s = start_s
         self.down = False
+        self.pool: DecodePool | None = None  # the ranked pool routing sees it in, if any
 
     def abort(self, now_s: float) -> list[tuple[int, float]]:
         """Going down: (request, steps still to run) for every running sequence, then
@@ -156,9 +168,10 @@ class DecodeInstance:
 
     def advance(self, now_s: float) -> None:
         dt = now_s - self._last_s
-        if dt > 0 and self._running:
-            self._virtual += dt / self.step_s()
-            self.slot_s += dt * len(self._running)
+        running = self._running
+        if dt > 0 and running:
+            self._virtual += dt / (self._const_step_s or self.profile.step_at(len(running)))
+            self.slot_s += dt * len(running)
         self._last_s = now_s
 
     def slot_s_at(self, now_s: float) -> float:
@@ -174,9 +187,11 @@ class DecodeInstance:
         self.version += 1
 
     def next_finish_s(self) -> float | None:
-        if not self._running:
+        running = self._running
+        if not running:
             return None
-        return self._last_s + max(self._running[0][0] - self._virtual, 0.0) * self.step_s()
+        return self._last_s + max(running[0][0] - self._virtual, 0.0) * (
+            self._const_step_s or self.profile.step_at(len(running)))
 
     def pop_finished(self, now_s: float) -> list[int]:
         self.advance(now_s)
@@ -201,10 +216,17 @@ class DecodeInstance:
         increasing in occupancy."""
         return (self.occupancy(), self.instance_id)
 
+    def rank_key(self) -> tuple[int, int, str]:
+        """(-free_slots, occupancy, id): `pick_decode`'s order, computed at once."""
+        occupancy = len(self._running) + len(self.waiting) + self.inflight
+        free = self.bs_max - occupancy
+        return (-free if free > 0 else 0, occupancy, self.instance_id)
+
     def free_slots(self) -> int:
         return max(self.bs_max - len(self._running) - len(self.waiting) - self.inflight, 0)
 
     def load(self, now_s: float) -> InstanceLoad:
-        return InstanceLoad(self.instance_id, self.cluster, "decode",
-                            len(self.waiting) + self.inflight, 0.0, len(self._running),
-                            self.free_slots())
+        running, queued = len(self._running), len(self.waiting) + self.inflight
+        free = self.bs_max - running - len(self.waiting) - self.inflight  # free_slots()
+        return InstanceLoad(self.instance_id, self.cluster, "decode", queued, 0.0, running,
+                            free if free > 0 else 0)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from prfaas.core.frozen import fast_init
 from prfaas.core.types import RouteDecision
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from prfaas.sim.simulator import Simulator
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Placement:
     """How an accepted request is served once routed."""

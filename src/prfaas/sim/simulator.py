@@ -31,6 +31,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from heapq import heappush
 
 from prfaas.core.types import (
     PD_CLUSTER,
@@ -101,6 +102,7 @@ class Simulator:
         self._held: dict[int, tuple[PrefillInstance, float]] = {}  # waiting on a link move
         self._arrived = 0
         self._rtt_s = cfg.rtt_s
+        self._pipelined = cfg.pipelined
         # failures (sim/failover.py): attempt number and stage of each request (0 not
         # admitted, 1 routed, 2 at its decoder, 3 done), steps left of resumed requests
         self.attempt = [0] * n
@@ -118,8 +120,8 @@ class Simulator:
 
     # -- event plumbing ---------------------------------------------------------------------
     def _push(self, time_s: float, kind: int, a: int = 0, b: int = 0) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (time_s, kind, self._seq, a, b))
+        self._seq = seq = self._seq + 1
+        heappush(self._heap, (time_s, kind, seq, a, b))
 
     def call_at(self, time_s: float, fn: Callable[[], None], before_arrivals: bool = False
                 ) -> None:
@@ -147,13 +149,17 @@ class Simulator:
         heap = self._heap
         pop = heapq.heappop
         last_s = 0.0
-        while heap:
-            time_s, kind, _, a, b = pop(heap)
-            self.now_s = time_s
-            self.events += 1
-            handlers[kind](a, b)
-            if kind < STATE_CHANGE or kind == ARRIVAL:
-                last_s = time_s
+        events = self.events
+        try:
+            while heap:
+                time_s, kind, _, a, b = pop(heap)
+                self.now_s = time_s
+                events += 1
+                handlers[kind](a, b)
+                if kind < STATE_CHANGE or kind == ARRIVAL:
+                    last_s = time_s
+        finally:
+            self.events = events  # (counted locally: the loop's hottest line)
         # a plugin's trailing timer (e.g. the rebalancer's last tick) does not stretch the run
         self.now_s = last_s
         return self
@@ -270,7 +276,7 @@ class Simulator:
         if i + 1 < len(log.arrival_s):
             self._push(log.arrival_s[i + 1], ARRIVAL, i + 1)
         self.in_system_at_arrival.append(self.in_system)
-        cached = self._cached(i)
+        cached = self._cached(i) if self.plugins else NO_CACHE
         query = RouteQuery(RequestInfo(str(i), log.input_tokens[i], log.output_tokens[i], now),
                            cached)
         decision = self.router.route(query, self.view)
@@ -286,7 +292,12 @@ class Simulator:
             log.rejected[i] = True
             return
         self.in_system += 1
-        self._admit(i, prefill, decoder, self._placement(i, decision, prefill, cached))
+        if self.plugins:
+            self._admit(i, prefill, decoder, self._placement(i, decision, prefill, cached))
+            return
+        total = log.input_tokens[i]  # _placement's default, without the Placement object
+        self._admit_at(i, prefill, decoder, prefill.profile.seconds(total, decision.cached_tokens),
+                       self.cfg.kv.bytes_for(total))
 
     def _spill(self, query: RouteQuery, decision: RouteDecision) -> RouteDecision:
         verdict = self.spill.admit(query, self.view, decision, self.awaiting_first_token)
@@ -299,7 +310,12 @@ class Simulator:
     def _admit(self, i: int, prefill: PrefillInstance, decoder: DecodeInstance,
                place: Placement) -> None:
         """Count the request on its decoder and queue its prefill (or its prefix move)."""
-        log, now = self.log, self.now_s
+        self._admit_at(i, prefill, decoder, place.service_s, place.kv_bytes,
+                       place.link_wait_bytes)
+
+    def _admit_at(self, i: int, prefill: PrefillInstance, decoder: DecodeInstance,
+                  service_s: float, kv_bytes: float, link_wait_bytes: float = 0.0) -> None:
+        log = self.log
         decoder.inflight += 1
         self.view.touch_decode(decoder)
         self._decoder_of[i] = decoder
@@ -307,15 +323,15 @@ class Simulator:
         self.stage[i] = 1
         self.awaiting_first_token[prefill.instance_id] += 1
         log.remote[i] = prefill.cluster == PRFAAS_CLUSTER
-        log.kv_bytes[i] = place.kv_bytes
-        if place.link_wait_bytes > 0:
+        log.kv_bytes[i] = kv_bytes
+        if link_wait_bytes > 0:
             # the prefill waits for a prefix move on the shared link (flow id past the requests)
-            self._held[i] = (prefill, place.service_s)
+            self._held[i] = (prefill, service_s)
             prefill.held += 1
-            self.link.start(now, len(log.arrival_s) + i, place.link_wait_bytes)
+            self.link.start(self.now_s, len(log.arrival_s) + i, link_wait_bytes)
             self._schedule_link()
             return
-        self._enqueue(i, prefill, place.service_s)
+        self._enqueue(i, prefill, service_s)
 
     def _cached(self, i: int) -> Mapping[str, int]:
         for plugin in self.plugins:
@@ -345,9 +361,10 @@ class Simulator:
         if started is None:
             return
         req, end_s = started
-        self.log.prefill_start_s[req] = self.now_s
+        log = self.log
+        log.prefill_start_s[req] = self.now_s
         self._push(end_s, PREFILL_DONE, prefill.index, prefill.version)
-        if self.log.remote[req] and self.cfg.pipelined:
+        if log.remote[req] and self._pipelined:
             self._start_flow(req)
 
     def _start_flow(self, req: int) -> None:

@@ -88,22 +88,24 @@ class SimView:
             index.remove(inst.instance_id)
 
     def touch_prefill(self, p: PrefillInstance) -> None:
-        pool = self._prefill.get(p.cluster)
-        if pool is None or p not in pool:
+        pool = p.pool  # (set while it is a member of one of these pools)
+        if pool is None:
             return
         pool.touch(p)
-        index = self._index.get((p.cluster, "prefill"))
-        if index is not None:
-            index.set(p.instance_id, p.order_key())
+        if self._index:
+            index = self._index.get((p.cluster, "prefill"))
+            if index is not None:
+                index.set(p.instance_id, p.order_key())
 
     def touch_decode(self, d: DecodeInstance) -> None:
-        pool = self._decode.get(d.cluster)
-        if pool is None or d not in pool:
+        pool = d.pool
+        if pool is None:
             return
         pool.touch(d)
-        index = self._index.get((d.cluster, "decode"))
-        if index is not None:
-            index.set(d.instance_id, d.order_key())
+        if self._index:
+            index = self._index.get((d.cluster, "decode"))
+            if index is not None:
+                index.set(d.instance_id, d.order_key())
 
     # -- ClusterView -------------------------------------------------------------------------
     def instances(self, cluster: str | None = None, role: Role | None = None
@@ -137,9 +139,10 @@ class SimView:
 
     def link(self) -> LinkStatus:
         link = self._sim.link
+        key = self._link_key
+        if key is not None and key[0] == link.version and key[1] == self._sim.link_down:
+            return self._link_status  # nothing joined, left or changed capacity since
         key = (link.version, self._sim.link_down)
-        if key == self._link_key:  # nothing joined, left or changed capacity since
-            return self._link_status
         egress = link.flow_rate_bps() * link.active / BYTES_PER_GBPS
         self._link_status = LinkStatus(link.capacity_gbps(), egress, up=not self._sim.link_down)
         self._link_key = key
