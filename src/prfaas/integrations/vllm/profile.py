@@ -1,0 +1,214 @@
+"""`prfaas profile --engine vllm`: a vLLM instance's T_prefill(l), S_kv(l) and decode step time vs
+batch, in the profile format scenarios read (models/profile_file.py). Nothing here imports vLLM:
+the instance is measured over its OpenAI API, as the deployment's router sees it.
+
+- T_prefill(l): the client's wall time of a `max_tokens: 1` completion of a fresh random
+  token-id prompt of l tokens (no prefix-cache hit), median of `reps` after a warm-up: the
+  prefill plus one sampled token and one HTTP round trip on loopback.
+- S_kv(l): what PrfaasConnector puts on the link for an l-token prompt, from the served model's
+  KV layout (served_model.py): whole `block_size_tokens` blocks of every attention layer for
+  the l - backoff tokens the producer computes (backoff 1 on a model with recurrent layers:
+  the decoder recomputes the last token), the recurrent (conv + SSM) state of every linear
+  layer once, and the 24-byte meta tensor. `sim-vs-live` compares it with the bytes the
+  connector counted per request.
+- decode step(b): b concurrent streaming requests (prompt `context_tokens`, `steps` tokens,
+  ignore_eos); per request the time between its 4th token and its last over the tokens in
+  between (every request is then in the running batch), median over requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import statistics
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from prfaas.core.errors import ConfigError
+from prfaas.integrations.vllm.served_model import ServedModel
+from prfaas.models.kv import geometry
+
+DEFAULT_LENGTHS = (256, 512, 1024, 2048, 3072)
+DEFAULT_BATCHES = (1, 4, 8)
+META_BYTES = 24  # token count, prompt fingerprint, layout fingerprint (int64 each)
+FIRST_STEADY_TOKEN = 3  # decode gaps are timed from this token index on
+
+
+@dataclass(frozen=True)
+class VllmProfile:
+    prefill_s: tuple[tuple[int, float], ...]
+    kv_bytes: tuple[tuple[int, int], ...]
+    decode_step_s: tuple[tuple[int, float], ...]
+    reps: int
+    context_tokens: int
+
+
+def connector_kv_bytes(model: ServedModel, length_tokens: int) -> int:
+    """Bytes PrfaasConnector ships for a prompt of `length_tokens` (module docstring)."""
+    if length_tokens < 1:
+        raise ConfigError("length_tokens", length_tokens, "must be >= 1")
+    geo = geometry(model.to_spec())
+    backoff = 1 if geo.linear_state_bytes > 0 and length_tokens > 1 else 0
+    sent = length_tokens - backoff
+    block = model.block_size_tokens
+    blocks = -(-sent // block)
+    return int(blocks * block * geo.kv_bytes_per_token + geo.linear_state_bytes + META_BYTES)
+
+
+def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        out: dict[str, Any] = json.loads(resp.read())
+        return out
+
+
+def _ids(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
+    return [int(t) for t in rng.integers(3, vocab, n)]  # 0-2: bos/eos/pad
+
+
+def measure_prefill(url: str, model: ServedModel, lengths: tuple[int, ...], reps: int,
+                    rng: np.random.Generator, timeout_s: float = 300.0
+                    ) -> list[tuple[int, float]]:
+    vocab = model.tokenizer().vocab_size
+    body = {"model": model.name, "max_tokens": 1, "temperature": 0.0}
+    _post(url, {**body, "prompt": _ids(rng, min(lengths), vocab)}, timeout_s)  # warm-up
+    out = []
+    for n in lengths:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            _post(url, {**body, "prompt": _ids(rng, n, vocab)}, timeout_s)
+            times.append(time.perf_counter() - t0)
+        out.append((n, statistics.median(times)))
+    return out
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+                  ) -> list[tuple[float, int]]:
+    """(arrival time, tokens in the chunk) of each streamed chunk."""
+    out: list[tuple[float, int]] = []
+    async with session.post(f"{url}/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or ():
+                n = len(choice.get("token_ids") or ()) or 1
+                out.append((time.perf_counter(), n))
+    return out
+
+
+def step_s(chunks: list[tuple[float, int]]) -> float | None:
+    """Seconds per decode step of one stream: from the chunk holding token
+    FIRST_STEADY_TOKEN to the last chunk, over the tokens that arrived after it."""
+    seen, start = 0, None
+    for i, (_, n) in enumerate(chunks):
+        seen += n
+        if seen > FIRST_STEADY_TOKEN:
+            start = i
+            break
+    if start is None or start >= len(chunks) - 1:
+        return None
+    tokens = sum(n for _, n in chunks[start + 1:])
+    return (chunks[-1][0] - chunks[start][0]) / tokens
+
+
+async def _decode_batch(url: str, model: ServedModel, batch: int, context_tokens: int,
+                        steps: int, rng: np.random.Generator, timeout_s: float) -> float:
+    vocab = model.tokenizer().vocab_size
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        bodies = [{"model": model.name, "prompt": _ids(rng, context_tokens, vocab),
+                   "max_tokens": steps, "temperature": 0.0, "ignore_eos": True,
+                   "stream": True, "return_token_ids": True} for _ in range(batch)]
+        streams = await asyncio.gather(*(_stream(session, url, b) for b in bodies))
+    per = [s for s in (step_s(c) for c in streams) if s is not None]
+    if not per:
+        raise ConfigError("decode_steps", steps, "too few streamed tokens to time a step")
+    return statistics.median(per)
+
+
+def measure_decode(url: str, model: ServedModel, batches: tuple[int, ...], context_tokens: int,
+                   steps: int, rng: np.random.Generator, timeout_s: float = 300.0
+                   ) -> list[tuple[int, float]]:
+    return [(b, asyncio.run(_decode_batch(url, model, b, context_tokens, steps, rng, timeout_s)))
+            for b in batches]
+
+
+def run_profile(url: str, model: ServedModel, lengths: tuple[int, ...] = DEFAULT_LENGTHS,
+                batches: tuple[int, ...] = DEFAULT_BATCHES, reps: int = 2,
+                context_tokens: int = 256, decode_steps: int = 32, seed: int = 0
+                ) -> VllmProfile:
+    if max(lengths) >= model.max_context_tokens:
+        raise ConfigError("lengths", max(lengths),
+                          f"must be below max_model_len {model.max_context_tokens}")
+    rng = np.random.default_rng(seed)
+    prefill = measure_prefill(url, model, lengths, reps, rng)
+    decode = measure_decode(url, model, batches, context_tokens, decode_steps, rng)
+    kv = [(n, connector_kv_bytes(model, n)) for n in lengths]
+    return VllmProfile(tuple(prefill), tuple(kv), tuple(decode), reps, context_tokens)
+
+
+def profile_document(model: ServedModel, prof: VllmProfile, hardware: str, where: str
+                     ) -> dict[str, Any]:
+    """The profile in the planner's YAML format (models/profile_file.py)."""
+    kv_dtype, state_dtype = model.dtypes()
+    how = (f"prfaas profile --engine vllm: client wall time of a max_tokens=1 completion of a "
+           f"fresh random token-id prompt (median of {prof.reps} after a warm-up; prefill + one "
+           f"token + loopback HTTP); S_kv = PrfaasConnector's layout (whole "
+           f"{model.block_size_tokens}-token blocks of the attention layers for l-backoff "
+           f"tokens, {kv_dtype} KV, {state_dtype} recurrent state once, meta); decode step = "
+           f"median over b concurrent streams of the per-token time after token "
+           f"{FIRST_STEADY_TOKEN}, {prof.context_tokens}-token prompts; instance: {where}; "
+           f"vLLM args: {' '.join(model.args)}; {dt.datetime.now(dt.UTC).date().isoformat()}")
+    return {
+        "name": f"vllm-{model.to_spec().name}",
+        "hardware": hardware,
+        "model": model.to_spec().name,
+        "how": how,
+        "gpus_per_instance": 1,
+        "prefill": {"points": [{"length_tokens": n, "time_s": round(t, 6)}
+                               for n, t in prof.prefill_s]},
+        "kv": {"points": [{"length_tokens": n, "bytes": b} for n, b in prof.kv_bytes]},
+        "decode": {"bs_max": max(b for b, _ in prof.decode_step_s),
+                   "step_points": [{"batch": b, "step_s": round(t, 6)}
+                                   for b, t in prof.decode_step_s]},
+    }
+
+
+def profile_topology(topology: Any, url: str | None = None, log_dir: str | None = None,
+                     **kwargs: Any) -> dict[str, Any]:
+    """The profile document of the topology's vLLM instances: measured on `url` (a running
+    instance serving the topology's model), else on a standalone instance started here with
+    the topology's engine arguments, pinned to the cores of its first prefill worker."""
+    import tempfile
+    from pathlib import Path
+
+    from prfaas.engine.profiler import cpu_model
+    from prfaas.integrations.vllm.deploy import prepare, settings
+    from prfaas.integrations.vllm.reference import reference_spec
+    from prfaas.integrations.vllm.server import VllmInstance
+    from prfaas.serve.topology import free_port
+
+    s = settings(topology)
+    model = ServedModel.from_settings(s)
+    if url is not None:
+        prof = run_profile(url.rstrip("/"), model, **kwargs)
+        return profile_document(model, prof, f"{cpu_model()} (instance at {url})", url)
+    prepare(topology)
+    cores = next((w.cores for w in topology.workers if w.role in ("prfaas", "pd-p")), None)
+    spec = reference_spec(s, free_port(), cores)
+    logs = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-profile-"))
+    with VllmInstance(spec, logs / "vllm-profile.log") as inst:
+        prof = run_profile(inst.spec.url, model, **kwargs)
+    hardware = f"{cpu_model()}, cores {cores or 'all'}"
+    return profile_document(model, prof, hardware, f"standalone, cores {cores or 'all'}")
