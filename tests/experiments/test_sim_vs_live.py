@@ -128,6 +128,7 @@ def test_mape_and_agreement_are_zero_error_on_identical_worlds() -> None:
     live, sim = _sides()
     entry = svl.load_entry(0.5, live, sim)
     assert entry["ttft_mape"] == 0.0 and entry["route_agreement"] == 1.0
+    assert entry["ttft_mape_by_live_route"] == {"prfaas": 0.0, "pd": 0.0}
     assert entry["throughput_live_rps"] == entry["throughput_sim_rps"] > 0
     assert 0 < entry["offload_live"] < 1  # both routes exercised
 
@@ -137,6 +138,7 @@ def test_negative_control_shifted_profile_gives_a_large_mape(tmp_path: Path) -> 
     entry = svl.load_entry(0.5, live, sim)
     assert entry["ttft_mape"] > 0.3 and entry["ttft_bias"] > 0.3  # prefill is most of TTFT
     assert entry["route_agreement"] == 1.0  # the threshold policy ignores prefill speed
+    assert min(entry["ttft_mape_by_live_route"].values()) > 0.1  # both routes prefill
     assert svl.verdict([entry])["ttft_mape"] is False
 
 

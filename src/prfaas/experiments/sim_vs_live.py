@@ -105,8 +105,16 @@ def _pcts(values: np.ndarray) -> dict[str, float]:
                                    "mean": round(float(v.mean()), 4)}
 
 
+def _subset(side: Side, keep: np.ndarray) -> Side:
+    return Side(side.arrival_s[keep], side.ttft_s[keep], side.finish_s[keep], side.remote[keep])
+
+
 def load_entry(offered_rps: float, live: Side, sim: Side) -> dict[str, Any]:
     mape = ttft_mape(live, sim)
+    by_route = {}
+    for route, keep in (("prfaas", live.remote), ("pd", ~live.remote)):
+        m = ttft_mape(_subset(live, keep), _subset(sim, keep)) if keep.any() else None
+        by_route[route] = None if m is None else round(m, 4)
     both = live.ok & sim.ok & (live.ttft_s > 0)
     bias = (float(np.mean((sim.ttft_s[both] - live.ttft_s[both]) / live.ttft_s[both]))
             if both.any() else None)
@@ -117,6 +125,7 @@ def load_entry(offered_rps: float, live: Side, sim: Side) -> dict[str, Any]:
         "throughput_live_rps": round(thr_live, 5), "throughput_sim_rps": round(thr_sim, 5),
         "route_agreement": round(route_agreement(live, sim), 4),
         "ttft_bias": None if bias is None else round(bias, 4),
+        "ttft_mape_by_live_route": by_route,
         "throughput_rel_err": round(abs(thr_sim - thr_live) / thr_live, 4) if thr_live else None,
         "completed_live": int(live.ok.sum()), "completed_sim": int(sim.ok.sum()),
         "offload_live": round(float(live.remote.mean()), 4),
@@ -272,7 +281,9 @@ def live_side(url: str, model: str, workload: Workload, vocab_size: int, seed: i
              "retried": sum(1 for r in results if r.prfaas.get("first_route")
                             and r.prfaas.get("first_route") != r.prfaas.get("route")),
              "loadavg_1m_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
-             "offloaded_kv": kv}
+             "offloaded_kv": kv,
+             "kv_bytes": [int(r.prfaas.get("kv_bytes") or 0) if r.ok else None
+                          for r in results]}
     return Side(arrival, ttft, finish, remote), extra
 
 
@@ -339,7 +350,8 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
                                   "ttft_live_s": _round(live.ttft_s),
                                   "ttft_sim_s": _round(sim.ttft_s),
                                   "remote_live": live.remote.astype(int).tolist(),
-                                  "remote_sim": sim.remote.astype(int).tolist()})
+                                  "remote_sim": sim.remote.astype(int).tolist(),
+                                  "kv_bytes_live": extra["kv_bytes"]})
         entries.append(entry)
     from prfaas.planner.search import plan_all
     from prfaas.scenario import parse_scenario
@@ -350,6 +362,7 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         "profile": {"path": str(profile), **read_profile_file(profile)},
         "policy": topology.policy, "threshold_tokens": t,
         "instances": n, "link_gbps": topology.link.rate_gbps,
+        "link_sender_burst_bytes": _burst_bytes(topology),
         "planner_capacity_rps": round(capacity, 5),
         "plan_for_deployment_pool": {"threshold_tokens": plan.threshold_tokens,
                                      "n_p": plan.n_p, "n_d": plan.n_d,
@@ -365,6 +378,16 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         "method": (__doc__ or "").strip(), "machine": {"cpus": os.cpu_count()},
         "wall_s": round(time.perf_counter() - started, 1),
     }
+
+
+def _burst_bytes(topology: Any) -> int | None:
+    """The live sender's token-bucket burst (transport/shaper.py's default for the link's
+    rate): KV up to this size leaves at once after the link idled; the simulator's link is a
+    pure rate (sim/link.py)."""
+    from prfaas.transport.shaper import TokenBucket
+
+    rate = topology.link.sender_rate_gbps
+    return None if rate is None else int(TokenBucket(rate).burst_bytes)
 
 
 def _round(values: np.ndarray) -> list[float | None]:

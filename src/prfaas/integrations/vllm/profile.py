@@ -25,6 +25,7 @@ import statistics
 import time
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -158,6 +159,12 @@ def run_profile(url: str, model: ServedModel, lengths: tuple[int, ...] = DEFAULT
     return VllmProfile(tuple(prefill), tuple(kv), tuple(decode), reps, context_tokens)
 
 
+def _model_type(model: ServedModel) -> str:
+    path = Path(model.model_dir) / "config.json"
+    return str(json.loads(path.read_text()).get("model_type", "model")) if path.is_file() \
+        else "model"
+
+
 def profile_document(model: ServedModel, prof: VllmProfile, hardware: str, where: str
                      ) -> dict[str, Any]:
     """The profile in the planner's YAML format (models/profile_file.py)."""
@@ -171,7 +178,7 @@ def profile_document(model: ServedModel, prof: VllmProfile, hardware: str, where
            f"{FIRST_STEADY_TOKEN}, {prof.context_tokens}-token prompts; instance: {where}; "
            f"vLLM args: {' '.join(model.args)}; {dt.datetime.now(dt.UTC).date().isoformat()}")
     return {
-        "name": f"vllm-{model.to_spec().name}",
+        "name": f"vllm-{_model_type(model)}",
         "hardware": hardware,
         "model": model.to_spec().name,
         "how": how,
@@ -191,7 +198,6 @@ def profile_topology(topology: Any, url: str | None = None, log_dir: str | None 
     instance serving the topology's model), else on a standalone instance started here with
     the topology's engine arguments, pinned to the cores of its first prefill worker."""
     import tempfile
-    from pathlib import Path
 
     from prfaas.engine.profiler import cpu_model
     from prfaas.integrations.vllm.deploy import prepare, settings
