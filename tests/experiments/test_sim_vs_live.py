@@ -182,3 +182,46 @@ def test_committed_results_follow_the_schema_and_recompute(name: str) -> None:
             float(np.mean(np.abs(sim[ok] - live[ok]) / live[ok])), abs=2e-4)
         agree = np.mean(np.array(pr["remote_live"]) == np.array(pr["remote_sim"]))
         assert load["route_agreement"] == pytest.approx(agree, abs=1e-4)
+
+
+def test_run_writes_the_schema_end_to_end_with_a_stand_in_live_world(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """svl.run with the deployment replaced by the simulator on a 1.5x slower profile (the
+    real live side is the benchmark's): every documented key, per-request arrays that
+    recompute the load's figures, and a failing TTFT verdict for the shifted world."""
+    import contextlib
+
+    import prfaas.experiments.runs as runs
+
+    topo = load_topology()
+    true_profile = profile_path("cpu-tiny").resolve()
+    doc = yaml.safe_load(true_profile.read_text())
+    for p in doc["prefill"]["points"]:
+        p["time_s"] *= 1.5
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(yaml.safe_dump(doc))
+    raw_slow = svl.scenario_dict(topo, slow, svl.QUICK, 16384)
+
+    def fake_live(url: str, model: str, w: object, vocab: int, seed: int
+                  ) -> tuple[svl.Side, dict[str, object]]:
+        side, _ = svl.simulate_side(topo, raw_slow, w, 12)  # type: ignore[arg-type]
+        n = side.arrival_s.size
+        return side, {"errors": 0, "error_samples": [], "retried": 0,
+                      "loadavg_1m_before_after": [0.0, 0.0], "offloaded_kv": [],
+                      "kv_bytes": [0] * n, "prefill_s": [None] * n,
+                      "router_overhead_s": [None] * n}
+
+    monkeypatch.setattr(runs, "deployed", lambda *a, **k: contextlib.nullcontext(
+        type("Dep", (), {"url": "http://stand-in"})()))
+    monkeypatch.setattr(svl, "live_side", fake_live)
+    monkeypatch.setattr(svl, "served_model", lambda url: "tiny")
+    options = replace(svl.QUICK, requests=12)
+    result = svl.run(topo, true_profile, options, tmp_path)
+    assert result["engine"] == "native" and result["profile"]["name"] == "cpu-tiny"
+    assert [x["offered_rps"] for x in result["loads"]] == sorted(
+        x["offered_rps"] for x in result["loads"])
+    for load in result["loads"]:
+        assert set(load) >= LOAD_KEYS and load["requests"] == 12
+        assert load["ttft_mape"] > 0.2 and load["route_agreement"] == 1.0
+    assert result["meets_goal"]["ttft_mape"] is False
+    json.dumps(result)  # serializable as written

@@ -283,7 +283,11 @@ def live_side(url: str, model: str, workload: Workload, vocab_size: int, seed: i
              "loadavg_1m_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
              "offloaded_kv": kv,
              "kv_bytes": [int(r.prfaas.get("kv_bytes") or 0) if r.ok else None
-                          for r in results]}
+                          for r in results],
+             # the router's own account of the request (diagnosis only, never compared):
+             # its prefill call's duration and its overhead outside the workers
+             "prefill_s": [_num(r.prfaas.get("prefill_s")) for r in results],
+             "router_overhead_s": [_num(r.prfaas.get("router_overhead_s")) for r in results]}
     return Side(arrival, ttft, finish, remote), extra
 
 
@@ -351,7 +355,10 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
                                   "ttft_sim_s": _round(sim.ttft_s),
                                   "remote_live": live.remote.astype(int).tolist(),
                                   "remote_sim": sim.remote.astype(int).tolist(),
-                                  "kv_bytes_live": extra["kv_bytes"]})
+                                  "kv_bytes_live": extra["kv_bytes"],
+                                  "prefill_live_router_s": extra["prefill_s"],
+                                  "router_overhead_live_s": extra["router_overhead_s"],
+                                  "prefill_profile_s": _profile_prefill(profile, w)})
         entries.append(entry)
     from prfaas.planner.search import plan_all
     from prfaas.scenario import parse_scenario
@@ -378,6 +385,16 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         "method": (__doc__ or "").strip(), "machine": {"cpus": os.cpu_count()},
         "wall_s": round(time.perf_counter() - started, 1),
     }
+
+
+def _num(value: Any) -> float | None:
+    return round(float(value), 4) if isinstance(value, (int, float)) else None
+
+
+def _profile_prefill(profile: Path, w: Workload) -> list[float]:
+    pre = load_profile_file(profile).prefill
+    assert pre is not None  # planner_capacity_rps checked it
+    return [round(float(pre.seconds(int(n))), 4) for n in w.input_tokens]
 
 
 def _burst_bytes(topology: Any) -> int | None:
