@@ -71,11 +71,12 @@ def test_connector_kv_bytes_counts_whole_blocks_after_the_backoff(hybrid: Served
         connector_kv_bytes(hybrid, 0)
 
 
-def test_decode_step_from_stream_chunks() -> None:
-    chunks = [(0.0, 1), (0.5, 1), (0.51, 1), (0.52, 1), (0.53, 1), (0.55, 2), (0.57, 1)]
-    # from the 4th token's chunk (t=0.52) to the last: 4 tokens in 0.05 s
-    assert step_s(chunks) == pytest.approx(0.05 / 4)
-    assert step_s(chunks[:4]) is None
+def test_decode_step_from_batch_wall_times() -> None:
+    # batch of 3: 64 tokens take 0.9 s (median), 1 token 0.27 s: 63 steps in 0.63 s
+    assert step_s([0.95, 0.9, 0.85], [0.2, 0.27, 0.3], 63) == pytest.approx(0.01)
+    assert step_s([0.1], [0.2], 10) == 0.0  # noise cannot make a step negative
+    with pytest.raises(ConfigError, match="decode_steps"):
+        step_s([1.0], [0.1], 0)
 
 
 def test_vllm_profile_round_trips_and_plan_accepts_it(hybrid: ServedModel, tmp_path: Path,

@@ -11,9 +11,10 @@ the instance is measured over its OpenAI API, as the deployment's router sees it
   the decoder recomputes the last token), the recurrent (conv + SSM) state of every linear
   layer once, and the 24-byte meta tensor. `sim-vs-live` compares it with the bytes the
   connector counted per request.
-- decode step(b): b concurrent streaming requests (prompt `context_tokens`, `steps` tokens,
-  ignore_eos); per request the time between its 4th token and its last over the tokens in
-  between (every request is then in the running batch), median over requests.
+- decode step(b): b concurrent requests (prompts of `context_tokens`, ignore_eos) generating
+  `steps` tokens, and b generating 1: (median wall time of the first - of the second) /
+  (steps - 1). Client wall times of whole (non-streamed) answers: streamed chunk times were
+  tried first and came out compressed (0.2 ms/step) when the client read late on a busy host.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from prfaas.models.kv import geometry
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 3072)
 DEFAULT_BATCHES = (1, 4, 8)
 META_BYTES = 24  # token count, prompt fingerprint, layout fingerprint (int64 each)
-FIRST_STEADY_TOKEN = 3  # decode gaps are timed from this token index on
 
 
 @dataclass(frozen=True)
@@ -91,63 +91,54 @@ def measure_prefill(url: str, model: ServedModel, lengths: tuple[int, ...], reps
     return out
 
 
-async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
-                  ) -> list[tuple[float, int]]:
-    """(arrival time, tokens in the chunk) of each streamed chunk."""
-    out: list[tuple[float, int]] = []
-    async with session.post(f"{url}/v1/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            for choice in chunk.get("choices") or ():
-                n = len(choice.get("token_ids") or ()) or 1
-                out.append((time.perf_counter(), n))
-    return out
+async def _batch_wall_s(url: str, bodies: list[dict[str, Any]], timeout_s: float
+                        ) -> list[float]:
+    """Each request's wall time, all sent at once (non-streaming: a client that reads late
+    cannot compress the timings, as streamed chunks read under CPU contention were)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        async def one(body: dict[str, Any]) -> float:
+            t0 = time.perf_counter()
+            async with session.post(f"{url}/v1/completions", json=body) as resp:
+                resp.raise_for_status()
+                await resp.read()
+            return time.perf_counter() - t0
+
+        return list(await asyncio.gather(*(one(b) for b in bodies)))
 
 
-def step_s(chunks: list[tuple[float, int]]) -> float | None:
-    """Seconds per decode step of one stream: from the chunk holding token
-    FIRST_STEADY_TOKEN to the last chunk, over the tokens that arrived after it."""
-    seen, start = 0, None
-    for i, (_, n) in enumerate(chunks):
-        seen += n
-        if seen > FIRST_STEADY_TOKEN:
-            start = i
-            break
-    if start is None or start >= len(chunks) - 1:
-        return None
-    tokens = sum(n for _, n in chunks[start + 1:])
-    return (chunks[-1][0] - chunks[start][0]) / tokens
+def step_s(wall_long_s: list[float], wall_short_s: list[float], extra_tokens: int) -> float:
+    """Seconds per decode step: the median wall time of the batch generating 1 + extra_tokens
+    tokens minus that of the same batch generating 1, over the extra tokens."""
+    if extra_tokens < 1:
+        raise ConfigError("decode_steps", extra_tokens + 1, "must be >= 2")
+    return max(statistics.median(wall_long_s) - statistics.median(wall_short_s), 0.0) \
+        / extra_tokens
 
 
-async def _decode_batch(url: str, model: ServedModel, batch: int, context_tokens: int,
-                        steps: int, rng: np.random.Generator, timeout_s: float) -> float:
+def _decode_batch(url: str, model: ServedModel, batch: int, context_tokens: int,
+                  steps: int, rng: np.random.Generator, timeout_s: float) -> float:
     vocab = model.tokenizer().vocab_size
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        bodies = [{"model": model.name, "prompt": _ids(rng, context_tokens, vocab),
-                   "max_tokens": steps, "temperature": 0.0, "ignore_eos": True,
-                   "stream": True, "return_token_ids": True} for _ in range(batch)]
-        streams = await asyncio.gather(*(_stream(session, url, b) for b in bodies))
-    per = [s for s in (step_s(c) for c in streams) if s is not None]
-    if not per:
-        raise ConfigError("decode_steps", steps, "too few streamed tokens to time a step")
-    return statistics.median(per)
+
+    def bodies(max_tokens: int) -> list[dict[str, Any]]:
+        return [{"model": model.name, "prompt": _ids(rng, context_tokens, vocab),
+                 "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+                for _ in range(batch)]
+
+    short = asyncio.run(_batch_wall_s(url, bodies(1), timeout_s))
+    long = asyncio.run(_batch_wall_s(url, bodies(steps), timeout_s))
+    return step_s(long, short, steps - 1)
 
 
 def measure_decode(url: str, model: ServedModel, batches: tuple[int, ...], context_tokens: int,
                    steps: int, rng: np.random.Generator, timeout_s: float = 300.0
                    ) -> list[tuple[int, float]]:
-    return [(b, asyncio.run(_decode_batch(url, model, b, context_tokens, steps, rng, timeout_s)))
+    return [(b, _decode_batch(url, model, b, context_tokens, steps, rng, timeout_s))
             for b in batches]
 
 
 def run_profile(url: str, model: ServedModel, lengths: tuple[int, ...] = DEFAULT_LENGTHS,
                 batches: tuple[int, ...] = DEFAULT_BATCHES, reps: int = 2,
-                context_tokens: int = 256, decode_steps: int = 32, seed: int = 0
+                context_tokens: int = 256, decode_steps: int = 64, seed: int = 0
                 ) -> VllmProfile:
     if max(lengths) >= model.max_context_tokens:
         raise ConfigError("lengths", max(lengths),
@@ -174,8 +165,8 @@ def profile_document(model: ServedModel, prof: VllmProfile, hardware: str, where
            f"token + loopback HTTP); S_kv = PrfaasConnector's layout (whole "
            f"{model.block_size_tokens}-token blocks of the attention layers for l-backoff "
            f"tokens, {kv_dtype} KV, {state_dtype} recurrent state once, meta); decode step = "
-           f"median over b concurrent streams of the per-token time after token "
-           f"{FIRST_STEADY_TOKEN}, {prof.context_tokens}-token prompts; instance: {where}; "
+           f"(median wall of b concurrent {prof.context_tokens}-token prompts generating n "
+           f"tokens - generating 1) / (n - 1); instance: {where}; "
            f"vLLM args: {' '.join(model.args)}; {dt.datetime.now(dt.UTC).date().isoformat()}")
     return {
         "name": f"vllm-{_model_type(model)}",
