@@ -226,3 +226,15 @@ def test_run_writes_the_schema_end_to_end_with_a_stand_in_live_world(
         assert load["ttft_mape"] > 0.2 and load["route_agreement"] == 1.0
     assert result["meets_goal"]["ttft_mape"] is False
     json.dumps(result)  # serializable as written
+
+
+def test_cli_refuses_incomplete_requests_in_one_line(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["profile", "--engine", "vllm"])
+    assert done.value.code == 2 and "--topology" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["sim-vs-live", "--loads", "0.5", "--profile", str(profile_path("cpu-tiny")),
+              "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "two positive loads" in err and err.count("\n") == 1

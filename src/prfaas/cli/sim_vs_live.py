@@ -41,9 +41,10 @@ def command(topology_path: str | None, profile_path: str | None, quick: bool,
         options = replace(options, requests=requests)
     if loads is not None:
         try:
-            options = replace(options, load_fractions=tuple(float(x) for x in loads.split(",")))
+            fractions = tuple(float(x) for x in loads.split(","))
         except ValueError:
             raise ConfigError("loads", loads, "expected comma-separated numbers") from None
+        options = replace(options, load_fractions=fractions)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
