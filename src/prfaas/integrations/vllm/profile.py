@@ -13,8 +13,10 @@ the instance is measured over its OpenAI API, as the deployment's router sees it
   connector counted per request.
 - decode step(b): b concurrent requests (prompts of `context_tokens`, ignore_eos) generating
   `steps` tokens, and b generating 1: (median wall time of the first - of the second) /
-  (steps - 1). Client wall times of whole (non-streamed) answers: streamed chunk times were
-  tried first and came out compressed (0.2 ms/step) when the client read late on a busy host.
+  (steps - 1); the median over max(reps, 3) such pairs. Client wall times of whole
+  (non-streamed) answers: streamed chunk times were tried first and came out compressed
+  (0.2 ms/step) when the client read late on a busy host; one pair per batch gave 0.4 ms/step
+  at batch 8 once (a burst of other work on the short batch).
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def step_s(wall_long_s: list[float], wall_short_s: list[float], extra_tokens: in
 
 
 def _decode_batch(url: str, model: ServedModel, batch: int, context_tokens: int,
-                  steps: int, rng: np.random.Generator, timeout_s: float) -> float:
+                  steps: int, rng: np.random.Generator, timeout_s: float, reps: int) -> float:
     vocab = model.tokenizer().vocab_size
 
     def bodies(max_tokens: int) -> list[dict[str, Any]]:
@@ -124,15 +126,20 @@ def _decode_batch(url: str, model: ServedModel, batch: int, context_tokens: int,
                  "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
                 for _ in range(batch)]
 
-    short = asyncio.run(_batch_wall_s(url, bodies(1), timeout_s))
-    long = asyncio.run(_batch_wall_s(url, bodies(steps), timeout_s))
-    return step_s(long, short, steps - 1)
+    # short and long batches alternate, `reps` pairs: a burst of other work on the host
+    # inflates one batch's wall time, and the median of the pairs' steps keeps it out
+    per_pair = []
+    for _ in range(reps):
+        short = asyncio.run(_batch_wall_s(url, bodies(1), timeout_s))
+        long = asyncio.run(_batch_wall_s(url, bodies(steps), timeout_s))
+        per_pair.append(step_s(long, short, steps - 1))
+    return statistics.median(per_pair)
 
 
 def measure_decode(url: str, model: ServedModel, batches: tuple[int, ...], context_tokens: int,
-                   steps: int, rng: np.random.Generator, timeout_s: float = 300.0
-                   ) -> list[tuple[int, float]]:
-    return [(b, _decode_batch(url, model, b, context_tokens, steps, rng, timeout_s))
+                   steps: int, rng: np.random.Generator, reps: int = 3,
+                   timeout_s: float = 300.0) -> list[tuple[int, float]]:
+    return [(b, _decode_batch(url, model, b, context_tokens, steps, rng, timeout_s, reps))
             for b in batches]
 
 
@@ -145,7 +152,8 @@ def run_profile(url: str, model: ServedModel, lengths: tuple[int, ...] = DEFAULT
                           f"must be below max_model_len {model.max_context_tokens}")
     rng = np.random.default_rng(seed)
     prefill = measure_prefill(url, model, lengths, reps, rng)
-    decode = measure_decode(url, model, batches, context_tokens, decode_steps, rng)
+    decode = measure_decode(url, model, batches, context_tokens, decode_steps, rng,
+                            max(reps, 3))
     kv = [(n, connector_kv_bytes(model, n)) for n in lengths]
     return VllmProfile(tuple(prefill), tuple(kv), tuple(decode), reps, context_tokens)
 
@@ -166,7 +174,7 @@ def profile_document(model: ServedModel, prof: VllmProfile, hardware: str, where
            f"{model.block_size_tokens}-token blocks of the attention layers for l-backoff "
            f"tokens, {kv_dtype} KV, {state_dtype} recurrent state once, meta); decode step = "
            f"(median wall of b concurrent {prof.context_tokens}-token prompts generating n "
-           f"tokens - generating 1) / (n - 1); instance: {where}; "
+           f"tokens - generating 1) / (n - 1), median of >= 3 pairs; instance: {where}; "
            f"vLLM args: {' '.join(model.args)}; {dt.datetime.now(dt.UTC).date().isoformat()}")
     return {
         "name": f"vllm-{_model_type(model)}",
