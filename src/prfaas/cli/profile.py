@@ -45,6 +45,9 @@ def _ints(text: str | None, field: str) -> tuple[int, ...] | None:
 @click.option("--topology", "topology_path", default=None, type=click.Path(dir_okay=False),
               help="vllm: the topology whose model and engine arguments are measured.")
 @click.option("--url", default=None, help="vllm: a running instance of the topology's model.")
+@click.option("--scenario-out", default=None, type=click.Path(dir_okay=False),
+              help="With --topology: also write the deployment as a scenario on this profile "
+                   "(`prfaas plan --scenario` gives its t and N_p:N_d).")
 @click.option("--out", default="engine_profile.yaml", show_default=True, type=click.Path())
 @click.option("--full", is_flag=True, help="Also measure 8K and 16K prompts.")
 @click.option("--lengths", default=None, help="Comma-separated prompt lengths (tokens).")
@@ -56,7 +59,8 @@ def _ints(text: str | None, field: str) -> tuple[int, ...] | None:
 @click.option("--threads", default=None, type=int, help="torch threads (default 1).")
 @click.option("--spec-out", default=None, type=click.Path(),
               help="Also write the engine's model spec (for `prfaas kv --model-file`).")
-def command(engine_name: str, topology_path: str | None, url: str | None, out: str, full: bool,
+def command(engine_name: str, topology_path: str | None, url: str | None,
+            scenario_out: str | None, out: str, full: bool,
             lengths: str | None, batches: str | None, reps: int, context_tokens: int,
             preset: str, threads: int | None, spec_out: str | None) -> None:
     """Measure an engine's prefill / KV / decode profile on this machine."""
@@ -66,6 +70,8 @@ def command(engine_name: str, topology_path: str | None, url: str | None, out: s
         doc = _vllm(topology_path, url, _ints(lengths, "lengths"), _ints(batches, "batches"),
                     reps, context_tokens)
         _write(doc, out)
+        if scenario_out is not None:
+            _scenario(topology_path, out, scenario_out)
         return
     engine = Engine(engine_config(preset, threads=threads))
     if spec_out is not None:
@@ -77,6 +83,8 @@ def command(engine_name: str, topology_path: str | None, url: str | None, out: s
     prof = run_profile(engine, chosen, _ints(batches, "batches") or DEFAULT_BATCHES, reps,
                        context_tokens)
     _write(profile_document(engine, prof), out)
+    if scenario_out is not None:
+        _scenario(topology_path, out, scenario_out)
 
 
 def _vllm(topology_path: str | None, url: str | None, lengths: tuple[int, ...] | None,
@@ -92,6 +100,20 @@ def _vllm(topology_path: str | None, url: str | None, lengths: tuple[int, ...] |
     if batches:
         kwargs["batches"] = batches
     return profile_topology(load_topology(topology_path), url, **kwargs)
+
+
+def _scenario(topology_path: str | None, profile: str, path: str) -> None:
+    from prfaas.experiments.engine_facts import model_facts
+    from prfaas.experiments.sim_vs_live import QUICK, scenario_dict
+    from prfaas.serve.topology import load_topology
+
+    if topology_path is None:
+        raise ConfigError("scenario_out", path, "needs --topology")
+    topology = load_topology(topology_path)
+    raw = scenario_dict(topology, Path(profile).resolve(), QUICK,
+                        model_facts(topology).max_context_tokens)
+    Path(path).write_text(yaml.safe_dump(raw, sort_keys=False))
+    click.echo(f"wrote {path} (prfaas plan --scenario {path})")
 
 
 def _write(doc: dict[str, Any], out: str) -> None:
