@@ -26,7 +26,9 @@ _LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz     ", dtype=np.uint8)
 
 @dataclass(frozen=True, slots=True)
 class BenchRequest:
-    prompt: str  # BOS is added by the router's tokenizer: input tokens = len(prompt bytes) + 1
+    # text: BOS is added by the native tokenizer, input tokens = len(prompt bytes) + 1; token
+    # ids: sent as they are (any engine), input tokens = len(prompt)
+    prompt: str | list[int]
     max_tokens: int
 
 

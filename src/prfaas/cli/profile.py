@@ -1,10 +1,15 @@
-"""`prfaas profile`: measure this engine's T_prefill(l), S_kv(l) and decode step time here and
-write the profile YAML the planner and simulator read. Default lengths 256..4K (well under a
-minute on one thread); `--full` adds 8K and 16K."""
+"""`prfaas profile`: measure an engine's T_prefill(l), S_kv(l) and decode step time here and
+write the profile YAML the planner and simulator read.
+
+`--engine native` (the default): this package's engine in-process; lengths 256..4K (well under
+a minute on one thread), `--full` adds 8K and 16K. `--engine vllm --topology T`: the topology's
+vLLM instances over their OpenAI API (integrations/vllm/profile.py): a running one at `--url`,
+else a standalone instance with the topology's engine arguments started for the measurement."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
@@ -35,6 +40,14 @@ def _ints(text: str | None, field: str) -> tuple[int, ...] | None:
 
 
 @click.command("profile")
+@click.option("--engine", "engine_name", default="native", show_default=True,
+              type=click.Choice(["native", "vllm"]), help="Which engine to measure.")
+@click.option("--topology", "topology_path", default=None, type=click.Path(dir_okay=False),
+              help="vllm: the topology whose model and engine arguments are measured.")
+@click.option("--url", default=None, help="vllm: a running instance of the topology's model.")
+@click.option("--scenario-out", default=None, type=click.Path(dir_okay=False),
+              help="With --topology: also write the deployment as a scenario on this profile "
+                   "(`prfaas plan --scenario` gives its t and N_p:N_d).")
 @click.option("--out", default="engine_profile.yaml", show_default=True, type=click.Path())
 @click.option("--full", is_flag=True, help="Also measure 8K and 16K prompts.")
 @click.option("--lengths", default=None, help="Comma-separated prompt lengths (tokens).")
@@ -46,11 +59,20 @@ def _ints(text: str | None, field: str) -> tuple[int, ...] | None:
 @click.option("--threads", default=None, type=int, help="torch threads (default 1).")
 @click.option("--spec-out", default=None, type=click.Path(),
               help="Also write the engine's model spec (for `prfaas kv --model-file`).")
-def command(out: str, full: bool, lengths: str | None, batches: str | None, reps: int,
-            context_tokens: int, preset: str, threads: int | None, spec_out: str | None) -> None:
-    """Measure the engine's prefill / KV / decode profile on this machine."""
+def command(engine_name: str, topology_path: str | None, url: str | None,
+            scenario_out: str | None, out: str, full: bool,
+            lengths: str | None, batches: str | None, reps: int, context_tokens: int,
+            preset: str, threads: int | None, spec_out: str | None) -> None:
+    """Measure an engine's prefill / KV / decode profile on this machine."""
     if reps <= 0:
         raise ConfigError("reps", reps, "must be positive")
+    if engine_name == "vllm":
+        doc = _vllm(topology_path, url, _ints(lengths, "lengths"), _ints(batches, "batches"),
+                    reps, context_tokens)
+        _write(doc, out)
+        if scenario_out is not None:
+            _scenario(topology_path, out, scenario_out)
+        return
     engine = Engine(engine_config(preset, threads=threads))
     if spec_out is not None:
         Path(spec_out).write_text(yaml.safe_dump(spec_to_dict(engine.config.to_spec()),
@@ -60,7 +82,41 @@ def command(out: str, full: bool, lengths: str | None, batches: str | None, reps
         raise ConfigError("lengths", max(chosen), "exceeds max_context_tokens")
     prof = run_profile(engine, chosen, _ints(batches, "batches") or DEFAULT_BATCHES, reps,
                        context_tokens)
-    doc = profile_document(engine, prof)
+    _write(profile_document(engine, prof), out)
+    if scenario_out is not None:
+        _scenario(topology_path, out, scenario_out)
+
+
+def _vllm(topology_path: str | None, url: str | None, lengths: tuple[int, ...] | None,
+          batches: tuple[int, ...] | None, reps: int, context_tokens: int) -> dict[str, Any]:
+    from prfaas.integrations.vllm.profile import profile_topology
+    from prfaas.serve.topology import load_topology
+
+    if topology_path is None:
+        raise ConfigError("topology", None, "--engine vllm needs --topology")
+    kwargs: dict[str, Any] = {"reps": reps, "context_tokens": min(context_tokens, 256)}
+    if lengths:
+        kwargs["lengths"] = lengths
+    if batches:
+        kwargs["batches"] = batches
+    return profile_topology(load_topology(topology_path), url, **kwargs)
+
+
+def _scenario(topology_path: str | None, profile: str, path: str) -> None:
+    from prfaas.experiments.engine_facts import model_facts
+    from prfaas.experiments.sim_vs_live import QUICK, scenario_dict
+    from prfaas.serve.topology import load_topology
+
+    if topology_path is None:
+        raise ConfigError("scenario_out", path, "needs --topology")
+    topology = load_topology(topology_path)
+    raw = scenario_dict(topology, Path(profile).resolve(), QUICK,
+                        model_facts(topology).max_context_tokens)
+    Path(path).write_text(yaml.safe_dump(raw, sort_keys=False))
+    click.echo(f"wrote {path} (prfaas plan --scenario {path})")
+
+
+def _write(doc: dict[str, Any], out: str) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
     for p in doc["prefill"]["points"]:

@@ -1,0 +1,219 @@
+"""`prfaas profile --engine vllm`: a vLLM instance's T_prefill(l), S_kv(l) and decode step time vs
+batch, in the profile format scenarios read (models/profile_file.py). Nothing here imports vLLM:
+the instance is measured over its OpenAI API, as the deployment's router sees it.
+
+- T_prefill(l): the client's wall time of a `max_tokens: 1` completion of a fresh random
+  token-id prompt of l tokens (no prefix-cache hit), median of `reps` after a warm-up: the
+  prefill plus one sampled token and one HTTP round trip on loopback.
+- S_kv(l): what PrfaasConnector puts on the link for an l-token prompt, from the served model's
+  KV layout (served_model.py): whole `block_size_tokens` blocks of every attention layer for
+  the l - backoff tokens the producer computes (backoff 1 on a model with recurrent layers:
+  the decoder recomputes the last token), the recurrent (conv + SSM) state of every linear
+  layer once, and the 24-byte meta tensor. `sim-vs-live` compares it with the bytes the
+  connector counted per request.
+- decode step(b): b concurrent requests (prompts of `context_tokens`, ignore_eos) generating
+  `steps` tokens, and b generating 1: (median wall time of the first - of the second) /
+  (steps - 1); the median over max(reps, 3) such pairs. Client wall times of whole
+  (non-streamed) answers: streamed chunk times were tried first and came out compressed
+  (0.2 ms/step) when the client read late on a busy host; one pair per batch gave 0.4 ms/step
+  at batch 8 once (a burst of other work on the short batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import statistics
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from prfaas.core.errors import ConfigError
+from prfaas.integrations.vllm.served_model import ServedModel
+from prfaas.models.kv import geometry
+
+DEFAULT_LENGTHS = (256, 512, 1024, 2048, 3072)
+DEFAULT_BATCHES = (1, 4, 8)
+META_BYTES = 24  # token count, prompt fingerprint, layout fingerprint (int64 each)
+
+
+@dataclass(frozen=True)
+class VllmProfile:
+    prefill_s: tuple[tuple[int, float], ...]
+    kv_bytes: tuple[tuple[int, int], ...]
+    decode_step_s: tuple[tuple[int, float], ...]
+    reps: int
+    context_tokens: int
+
+
+def connector_kv_bytes(model: ServedModel, length_tokens: int) -> int:
+    """Bytes PrfaasConnector ships for a prompt of `length_tokens` (module docstring)."""
+    if length_tokens < 1:
+        raise ConfigError("length_tokens", length_tokens, "must be >= 1")
+    geo = geometry(model.to_spec())
+    backoff = 1 if geo.linear_state_bytes > 0 and length_tokens > 1 else 0
+    sent = length_tokens - backoff
+    block = model.block_size_tokens
+    blocks = -(-sent // block)
+    return int(blocks * block * geo.kv_bytes_per_token + geo.linear_state_bytes + META_BYTES)
+
+
+def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        out: dict[str, Any] = json.loads(resp.read())
+        return out
+
+
+def _ids(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
+    return [int(t) for t in rng.integers(3, vocab, n)]  # 0-2: bos/eos/pad
+
+
+def measure_prefill(url: str, model: ServedModel, lengths: tuple[int, ...], reps: int,
+                    rng: np.random.Generator, timeout_s: float = 300.0
+                    ) -> list[tuple[int, float]]:
+    vocab = model.tokenizer().vocab_size
+    body = {"model": model.name, "max_tokens": 1, "temperature": 0.0}
+    _post(url, {**body, "prompt": _ids(rng, min(lengths), vocab)}, timeout_s)  # warm-up
+    out = []
+    for n in lengths:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            _post(url, {**body, "prompt": _ids(rng, n, vocab)}, timeout_s)
+            times.append(time.perf_counter() - t0)
+        out.append((n, statistics.median(times)))
+    return out
+
+
+async def _batch_wall_s(url: str, bodies: list[dict[str, Any]], timeout_s: float
+                        ) -> list[float]:
+    """Each request's wall time, all sent at once (non-streaming: a client that reads late
+    cannot compress the timings, as streamed chunks read under CPU contention were)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        async def one(body: dict[str, Any]) -> float:
+            t0 = time.perf_counter()
+            async with session.post(f"{url}/v1/completions", json=body) as resp:
+                resp.raise_for_status()
+                await resp.read()
+            return time.perf_counter() - t0
+
+        return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+
+def step_s(wall_long_s: list[float], wall_short_s: list[float], extra_tokens: int) -> float:
+    """Seconds per decode step: the median wall time of the batch generating 1 + extra_tokens
+    tokens minus that of the same batch generating 1, over the extra tokens."""
+    if extra_tokens < 1:
+        raise ConfigError("decode_steps", extra_tokens + 1, "must be >= 2")
+    return max(statistics.median(wall_long_s) - statistics.median(wall_short_s), 0.0) \
+        / extra_tokens
+
+
+def _decode_batch(url: str, model: ServedModel, batch: int, context_tokens: int,
+                  steps: int, rng: np.random.Generator, timeout_s: float, reps: int) -> float:
+    vocab = model.tokenizer().vocab_size
+
+    def bodies(max_tokens: int) -> list[dict[str, Any]]:
+        return [{"model": model.name, "prompt": _ids(rng, context_tokens, vocab),
+                 "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+                for _ in range(batch)]
+
+    # short and long batches alternate, `reps` pairs: a burst of other work on the host
+    # inflates one batch's wall time, and the median of the pairs' steps keeps it out
+    per_pair = []
+    for _ in range(reps):
+        short = asyncio.run(_batch_wall_s(url, bodies(1), timeout_s))
+        long = asyncio.run(_batch_wall_s(url, bodies(steps), timeout_s))
+        per_pair.append(step_s(long, short, steps - 1))
+    return statistics.median(per_pair)
+
+
+def measure_decode(url: str, model: ServedModel, batches: tuple[int, ...], context_tokens: int,
+                   steps: int, rng: np.random.Generator, reps: int = 3,
+                   timeout_s: float = 300.0) -> list[tuple[int, float]]:
+    return [(b, _decode_batch(url, model, b, context_tokens, steps, rng, timeout_s, reps))
+            for b in batches]
+
+
+def run_profile(url: str, model: ServedModel, lengths: tuple[int, ...] = DEFAULT_LENGTHS,
+                batches: tuple[int, ...] = DEFAULT_BATCHES, reps: int = 2,
+                context_tokens: int = 256, decode_steps: int = 64, seed: int = 0
+                ) -> VllmProfile:
+    if max(lengths) >= model.max_context_tokens:
+        raise ConfigError("lengths", max(lengths),
+                          f"must be below max_model_len {model.max_context_tokens}")
+    rng = np.random.default_rng(seed)
+    prefill = measure_prefill(url, model, lengths, reps, rng)
+    decode = measure_decode(url, model, batches, context_tokens, decode_steps, rng,
+                            max(reps, 3))
+    kv = [(n, connector_kv_bytes(model, n)) for n in lengths]
+    return VllmProfile(tuple(prefill), tuple(kv), tuple(decode), reps, context_tokens)
+
+
+def _model_type(model: ServedModel) -> str:
+    path = Path(model.model_dir) / "config.json"
+    return str(json.loads(path.read_text()).get("model_type", "model")) if path.is_file() \
+        else "model"
+
+
+def profile_document(model: ServedModel, prof: VllmProfile, hardware: str, where: str
+                     ) -> dict[str, Any]:
+    """The profile in the planner's YAML format (models/profile_file.py)."""
+    kv_dtype, state_dtype = model.dtypes()
+    how = (f"prfaas profile --engine vllm: client wall time of a max_tokens=1 completion of a "
+           f"fresh random token-id prompt (median of {prof.reps} after a warm-up; prefill + one "
+           f"token + loopback HTTP); S_kv = PrfaasConnector's layout (whole "
+           f"{model.block_size_tokens}-token blocks of the attention layers for l-backoff "
+           f"tokens, {kv_dtype} KV, {state_dtype} recurrent state once, meta); decode step = "
+           f"(median wall of b concurrent {prof.context_tokens}-token prompts generating n "
+           f"tokens - generating 1) / (n - 1), median of >= 3 pairs; instance: {where}; "
+           f"vLLM args: {' '.join(model.args)}; {dt.datetime.now(dt.UTC).date().isoformat()}")
+    return {
+        "name": f"vllm-{_model_type(model)}",
+        "hardware": hardware,
+        "model": model.to_spec().name,
+        "how": how,
+        "gpus_per_instance": 1,
+        "prefill": {"points": [{"length_tokens": n, "time_s": round(t, 6)}
+                               for n, t in prof.prefill_s]},
+        "kv": {"points": [{"length_tokens": n, "bytes": b} for n, b in prof.kv_bytes]},
+        "decode": {"bs_max": max(b for b, _ in prof.decode_step_s),
+                   "step_points": [{"batch": b, "step_s": round(t, 6)}
+                                   for b, t in prof.decode_step_s]},
+    }
+
+
+def profile_topology(topology: Any, url: str | None = None, log_dir: str | None = None,
+                     **kwargs: Any) -> dict[str, Any]:
+    """The profile document of the topology's vLLM instances: measured on `url` (a running
+    instance serving the topology's model), else on a standalone instance started here with
+    the topology's engine arguments, pinned to the cores of its first prefill worker."""
+    import tempfile
+
+    from prfaas.engine.profiler import cpu_model
+    from prfaas.integrations.vllm.deploy import prepare, settings
+    from prfaas.integrations.vllm.reference import reference_spec
+    from prfaas.integrations.vllm.server import VllmInstance
+    from prfaas.serve.topology import free_port
+
+    s = settings(topology)
+    model = ServedModel.from_settings(s)
+    if url is not None:
+        prof = run_profile(url.rstrip("/"), model, **kwargs)
+        return profile_document(model, prof, f"{cpu_model()} (instance at {url})", url)
+    prepare(topology)
+    cores = next((w.cores for w in topology.workers if w.role in ("prfaas", "pd-p")), None)
+    spec = reference_spec(s, free_port(), cores)
+    logs = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-profile-"))
+    with VllmInstance(spec, logs / "vllm-profile.log") as inst:
+        prof = run_profile(inst.spec.url, model, **kwargs)
+    hardware = f"{cpu_model()}, cores {cores or 'all'}"
+    return profile_document(model, prof, hardware, f"standalone, cores {cores or 'all'}")

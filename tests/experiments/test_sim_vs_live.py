@@ -1,0 +1,241 @@
+"""sim-vs-live and the measured vLLM profile without a live engine: the profile document
+round-trips through the profile reader and `prfaas plan`; the connector's S_kv(l) rounds to
+whole blocks; the comparison's MAPE, throughput and route agreement, each with a negative
+control (a shifted profile, another threshold); the committed benchmark JSON's schema."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from prfaas.cli import main
+from prfaas.core.errors import ConfigError
+from prfaas.experiments import sim_vs_live as svl
+from prfaas.integrations.vllm.profile import (
+    VllmProfile,
+    connector_kv_bytes,
+    profile_document,
+    step_s,
+)
+from prfaas.integrations.vllm.served_model import ServedModel
+from prfaas.models.profile_file import load_profile_file
+from prfaas.serve.router.plan import profile_path
+from prfaas.serve.topology import load_topology
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+# a Qwen3-Next-shaped config (3 GDN + 1 attention layer), as prfaas vllm-model builds it
+HYBRID_CONFIG = {
+    "model_type": "qwen3_next", "vocab_size": 1024, "hidden_size": 256, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "eos_token_id": 1}
+
+
+@pytest.fixture()
+def hybrid(tmp_path: Path) -> ServedModel:
+    (tmp_path / "config.json").write_text(json.dumps(HYBRID_CONFIG))
+    return ServedModel("tiny", 4096, 128, str(tmp_path),
+                       ("--enforce-eager", "--mamba-ssm-cache-dtype", "float32"))
+
+
+def _vllm_profile(model: ServedModel, scale: float = 1.0) -> VllmProfile:
+    lengths = (256, 512, 1024, 2048, 3072)
+    # a quadratic T(l) like the CPU build's (~1 ms/token plus a fixed cost)
+    prefill = tuple((n, scale * (0.03 + 9.5e-4 * n + 2e-8 * n * n)) for n in lengths)
+    kv = tuple((n, connector_kv_bytes(model, n)) for n in lengths)
+    return VllmProfile(prefill, kv, ((1, 0.012), (4, 0.016), (8, 0.021)), 2, 256)
+
+
+def _write_profile(model: ServedModel, path: Path, scale: float = 1.0) -> Path:
+    doc = profile_document(model, _vllm_profile(model, scale), "test cpu", "test")
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_connector_kv_bytes_counts_whole_blocks_after_the_backoff(hybrid: ServedModel) -> None:
+    per_block = connector_kv_bytes(hybrid, 130) - connector_kv_bytes(hybrid, 129)
+    # 1 attention layer, 2 KV heads x 64 x (K, V) in bf16 = 512 bytes/token, 128-token blocks
+    assert per_block == 128 * 512
+    # 129 tokens: 128 computed on the producer (backoff 1), one block; 2..129 the same
+    assert connector_kv_bytes(hybrid, 129) == connector_kv_bytes(hybrid, 2)
+    fixed = connector_kv_bytes(hybrid, 129) - 128 * 512
+    assert fixed > 100_000  # 3 GDN layers' fp32 SSM + conv state, sent once
+    with pytest.raises(ConfigError, match="length_tokens"):
+        connector_kv_bytes(hybrid, 0)
+
+
+def test_decode_step_from_batch_wall_times() -> None:
+    # batch of 3: 64 tokens take 0.9 s (median), 1 token 0.27 s: 63 steps in 0.63 s
+    assert step_s([0.95, 0.9, 0.85], [0.2, 0.27, 0.3], 63) == pytest.approx(0.01)
+    assert step_s([0.1], [0.2], 10) == 0.0  # noise cannot make a step negative
+    with pytest.raises(ConfigError, match="decode_steps"):
+        step_s([1.0], [0.1], 0)
+
+
+def test_vllm_profile_round_trips_and_plan_accepts_it(hybrid: ServedModel, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write_profile(hybrid, tmp_path / "vllm.yaml")
+    hw = load_profile_file(path)
+    assert hw.prefill is not None and hw.decode is not None
+    for p in _vllm_profile(hybrid).prefill_s:
+        assert float(hw.prefill.seconds(p[0])) == pytest.approx(p[1], rel=1e-3)  # exact quadratic
+    assert float(hw.kv.size_bytes(1025)) == pytest.approx(connector_kv_bytes(hybrid, 1025),
+                                                          rel=0.15)  # linear fit of a staircase
+    assert hw.decode.bs_max == 8
+    topo = load_topology(ROOT / "topologies" / "vllm-local.yaml")
+    raw = svl.scenario_dict(topo, path, svl.QUICK, 4096)
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump(raw))
+    main(["plan", "--scenario", str(scenario), "--json"])  # a bad scenario exits 2
+    plan = json.loads(capsys.readouterr().out)
+    prf = plan["systems"]["prfaas_pd"]
+    assert prf["threshold_tokens"] > 0 and prf["n_p"] + prf["n_d"] == 2
+    assert prf["lambda_max"] > 0
+
+
+def _sides(topo_t: int = 1024, scale: float = 1.0, fraction: float = 0.4,
+           tmp: Path | None = None) -> tuple[svl.Side, svl.Side]:
+    """'live': the simulator on the committed CPU profile; 'sim': the same workload on a
+    profile whose prefill times are `scale` x (and a topology whose t is `topo_t`)."""
+    topo = load_topology()
+    true_profile = profile_path("cpu-tiny").resolve()
+    lengths = svl.lengths_for(svl.QUICK, 16384)
+    cap = svl.planner_capacity_rps(lengths, true_profile, 1024, 1, 1, 0.05)
+    w = svl.workloads(replace(svl.QUICK, load_fractions=(fraction, 2 * fraction)), lengths,
+                      cap)[0]
+    raw = svl.scenario_dict(topo, true_profile, svl.QUICK, 16384)
+    live, _ = svl.simulate_side(topo, raw, w, 12)
+    other = true_profile
+    if scale != 1.0:
+        assert tmp is not None
+        doc = yaml.safe_load(true_profile.read_text())
+        for p in doc["prefill"]["points"]:
+            p["time_s"] *= scale
+        other = tmp / "shifted.yaml"
+        other.write_text(yaml.safe_dump(doc))
+    topo2 = replace(topo, policy_args={**topo.policy_args, "threshold_tokens": topo_t})
+    sim, _ = svl.simulate_side(topo2, svl.scenario_dict(topo2, other, svl.QUICK, 16384), w, 12)
+    return live, sim
+
+
+def test_mape_and_agreement_are_zero_error_on_identical_worlds() -> None:
+    live, sim = _sides()
+    entry = svl.load_entry(0.5, live, sim)
+    assert entry["ttft_mape"] == 0.0 and entry["route_agreement"] == 1.0
+    assert entry["ttft_mape_by_live_route"] == {"prfaas": 0.0, "pd": 0.0}
+    assert entry["throughput_live_rps"] == entry["throughput_sim_rps"] > 0
+    assert 0 < entry["offload_live"] < 1  # both routes exercised
+
+
+def test_negative_control_shifted_profile_gives_a_large_mape(tmp_path: Path) -> None:
+    live, sim = _sides(scale=1.5, tmp=tmp_path)
+    entry = svl.load_entry(0.5, live, sim)
+    assert entry["ttft_mape"] > 0.3 and entry["ttft_bias"] > 0.3  # prefill is most of TTFT
+    assert entry["route_agreement"] == 1.0  # the threshold policy ignores prefill speed
+    assert min(entry["ttft_mape_by_live_route"].values()) > 0.1  # both routes prefill
+    assert svl.verdict([entry])["ttft_mape"] is False
+
+
+def test_negative_control_another_threshold_breaks_route_agreement() -> None:
+    live, sim = _sides(topo_t=4096)
+    entry = svl.load_entry(0.5, live, sim)
+    # the t=4096 world keeps the 1K-4K prompts local that the t=1024 world offloads
+    assert live.remote.sum() > sim.remote.sum() and entry["route_agreement"] < 0.95
+    assert svl.verdict([entry])["route_agreement"] is False
+
+
+def test_throughput_counts_completed_requests_over_the_span() -> None:
+    side = svl.Side(np.array([0.0, 1.0, 2.0, 3.0]), np.array([0.5, 0.5, np.nan, 0.5]),
+                    np.array([1.0, 2.0, np.nan, 4.0]), np.array([True, False, True, False]))
+    assert svl.throughput_rps(side) == pytest.approx(3 / 4.0)
+    with pytest.raises(ConfigError):
+        svl.route_agreement(side, replace(side, remote=side.remote[:2]))
+    with pytest.raises(ConfigError, match="two positive loads"):
+        svl.Options(requests=8, load_fractions=(0.5,))
+
+
+LOAD_KEYS = {"offered_rps", "requests", "ttft_mape", "throughput_live_rps",
+             "throughput_sim_rps", "route_agreement"}
+
+
+@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_run2.json",
+                                  "sim_vs_live_native.json"])
+def test_committed_results_follow_the_schema_and_recompute(name: str) -> None:
+    path = RESULTS / name
+    if not path.exists():
+        pytest.skip(f"{name} not committed")
+    r = json.loads(path.read_text())
+    assert r["engine"] in ("vllm", "native") and r["profile"]["prefill"]["points"]
+    assert len(r["loads"]) >= 2
+    for load in r["loads"]:
+        assert set(load) >= LOAD_KEYS
+        pr = load["per_request"]
+        live = np.array([np.nan if v is None else v for v in pr["ttft_live_s"]])
+        sim = np.array([np.nan if v is None else v for v in pr["ttft_sim_s"]])
+        ok = np.isfinite(live) & np.isfinite(sim)
+        assert load["ttft_mape"] == pytest.approx(
+            float(np.mean(np.abs(sim[ok] - live[ok]) / live[ok])), abs=2e-4)
+        agree = np.mean(np.array(pr["remote_live"]) == np.array(pr["remote_sim"]))
+        assert load["route_agreement"] == pytest.approx(agree, abs=1e-4)
+
+
+def test_run_writes_the_schema_end_to_end_with_a_stand_in_live_world(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """svl.run with the deployment replaced by the simulator on a 1.5x slower profile (the
+    real live side is the benchmark's): every documented key, per-request arrays that
+    recompute the load's figures, and a failing TTFT verdict for the shifted world."""
+    import contextlib
+
+    import prfaas.experiments.runs as runs
+
+    topo = load_topology()
+    true_profile = profile_path("cpu-tiny").resolve()
+    doc = yaml.safe_load(true_profile.read_text())
+    for p in doc["prefill"]["points"]:
+        p["time_s"] *= 1.5
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(yaml.safe_dump(doc))
+    raw_slow = svl.scenario_dict(topo, slow, svl.QUICK, 16384)
+
+    def fake_live(url: str, model: str, w: object, vocab: int, seed: int
+                  ) -> tuple[svl.Side, dict[str, object]]:
+        side, _ = svl.simulate_side(topo, raw_slow, w, 12)  # type: ignore[arg-type]
+        n = side.arrival_s.size
+        return side, {"errors": 0, "error_samples": [], "retried": 0,
+                      "loadavg_1m_before_after": [0.0, 0.0], "offloaded_kv": [],
+                      "kv_bytes": [0] * n, "prefill_s": [None] * n,
+                      "router_overhead_s": [None] * n}
+
+    monkeypatch.setattr(runs, "deployed", lambda *a, **k: contextlib.nullcontext(
+        type("Dep", (), {"url": "http://stand-in"})()))
+    monkeypatch.setattr(svl, "live_side", fake_live)
+    monkeypatch.setattr(svl, "served_model", lambda url: "tiny")
+    options = replace(svl.QUICK, requests=12)
+    result = svl.run(topo, true_profile, options, tmp_path)
+    assert result["engine"] == "native" and result["profile"]["name"] == "cpu-tiny"
+    assert [x["offered_rps"] for x in result["loads"]] == sorted(
+        x["offered_rps"] for x in result["loads"])
+    for load in result["loads"]:
+        assert set(load) >= LOAD_KEYS and load["requests"] == 12
+        assert load["ttft_mape"] > 0.2 and load["route_agreement"] == 1.0
+    assert result["meets_goal"]["ttft_mape"] is False
+    json.dumps(result)  # serializable as written
+
+
+def test_cli_refuses_incomplete_requests_in_one_line(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["profile", "--engine", "vllm"])
+    assert done.value.code == 2 and "--topology" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["sim-vs-live", "--loads", "0.5", "--profile", str(profile_path("cpu-tiny")),
+              "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "two positive loads" in err and err.count("\n") == 1
