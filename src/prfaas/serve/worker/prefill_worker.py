@@ -204,7 +204,7 @@ class PrefillWorker:
                     layers: asyncio.Queue[LayerKV | None]) -> int:
         sent = 0
         while (layer := await layers.get()) is not None:
-            for name, array in layer_arrays(layer):
+            for name, array in layer_arrays(layer, self.link.wire_dtype):
                 await _ship(sender, builder, rid, layer.layer_index, layer.kind, name, array)
                 sent += array.nbytes
         return sent
@@ -258,7 +258,7 @@ class PrefillWorker:
 async def _ship(sender: KVSender, builder: ManifestBuilder, rid: int, layer: int, kind: str,
                 name: str, array: np.ndarray) -> None:
     builder.add(layer, name, array)
-    await sender.send_array(rid, layer, kind, name, array)
+    await sender.send_array(rid, layer, kind, name, array, bfloat16=array.dtype == np.uint16)
 
 
 def _positive_float(raw: object) -> float:
