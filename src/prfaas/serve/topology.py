@@ -177,6 +177,12 @@ class Topology:
         if not 0 <= self.router_port < 65536:
             raise ConfigError("router.port", self.router_port, "must be in [0, 65535]")
         backend_class(self.engine).check(self)  # e.g. vllm: needs a `vllm:` section
+        supported = backend_class(self.engine).wire_dtypes
+        for where, link in (("link", self.link), ("intra_link", self.intra_link)):
+            if link.wire_dtype is not None and link.wire_dtype not in supported:
+                raise ConfigError(f"{where}.wire_dtype", link.wire_dtype,
+                                  f"engine {self.engine} ships KV as cached; it encodes "
+                                  f"{', '.join(supported) or 'no wire dtype'}")
 
     def by_role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)
