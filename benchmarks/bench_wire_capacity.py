@@ -68,9 +68,9 @@ def fixed_rate(s: Scenario, cfg: Any, rate: float, requests: int, seed: int) -> 
     arrival = np.asarray(sim.log.arrival_s)
     ttft = np.asarray(sim.log.kv_ready_s) - arrival
     out = {"rate_rps": rate, "throughput_rps": summary["throughput_rps"],
-           "ttft_s": summary["ttft_s"], "egress_gbps_mean": summary.get("egress_gbps", {}).get(
-               "mean") if isinstance(summary.get("egress_gbps"), dict) else None}
-    if s.name == "link-fluctuation":
+           "ttft_s": summary["ttft_s"], "egress_gbps": summary["egress_gbps"],
+           "link_utilization": summary["utilization"]["link"]}
+    if s.name == "link-fluctuation" and arrival.max() >= DIP_S[1]:
         dip = (arrival >= DIP_S[0]) & (arrival < DIP_S[1])
         out["ttft_dip_s"] = {"mean": float(ttft[dip].mean()),
                              "p90": float(np.quantile(ttft[dip], 0.9)),

@@ -667,12 +667,18 @@ def live_run3_summary(load: Loader) -> str:
     return "\n".join([*head, *map(_cells, rows)])
 
 
+_WIRE_LABEL = {"fp8_e4m3": "fp8_e4m3 (per 16-token block per head: what the wire sends)",
+               "fp8_per_tensor (control)": "fp8, one scale per tensor (coarser)",
+               "int4_per_tensor (control)": "int4, one scale per tensor (negative control)"}
+
+
 @table("wire-quality")
 def wire_quality(load: Loader) -> str:
     """docs/wire-format.md: logprob error of each KV wire variant vs the exact KV."""
     data = load("wire_quality.json")
-    lines = [_cells(["engine", "KV on the wire", "teacher-forced |dlogprob| mean / p99 / max",
-                     "max |dlogprob| any token", "KL mean (nats)", "top-1 agreement",
+    lines = [_cells(["engine", "KV on the wire",
+                     "teacher-forced logprob error mean / p99 / max (nats)",
+                     "max error, any token (nats)", "KL mean (nats)", "top-1 agreement",
                      "greedy 32 tokens equal"]),
              "|---|---|---|---|---|---|---|"]
     for preset, run in data["presets"].items():
@@ -681,7 +687,7 @@ def wire_quality(load: Loader) -> str:
                 continue
             e = v["teacher_logprob_abs_err"]
             lines.append(_cells([
-                f"{preset}, {run['prompts']} prompts", name,
+                f"{preset}, {run['prompts']} prompts", _WIRE_LABEL.get(name, name),
                 f"{e['mean']:.2e} / {e['p99']:.2e} / {e['max']:.2e}",
                 f"{v['max_abs_err_logprob_any_token']:.2e}", f"{v['kl_nats_mean']:.1e}",
                 f"{v['top1_agreement']:.1%}", f"{v['greedy_32_equal_fraction']:.0%}"]))
