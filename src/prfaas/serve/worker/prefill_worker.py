@@ -42,6 +42,7 @@ _EWMA = 0.3
 
 _Shipped = tuple[LayerKV, list[tuple[str, np.ndarray]]]  # a layer and its arrays as they travel
 
+
 class PrefillWorker:
     def __init__(self, topology: Topology, spec: WorkerSpec, engine: EngineBase, *,
                  kv_tls: ssl.SSLContext | None = None) -> None:
