@@ -666,3 +666,56 @@ def live_run3_summary(load: Loader) -> str:
     ]
     head = ["| | PrfaaS-PD | homogeneous PD | naive heterogeneous |", "|---|---|---|---|"]
     return "\n".join([*head, *map(_cells, rows)])
+
+
+_WIRE_LABEL = {"fp8_e4m3": "fp8_e4m3 (per 16-token block per head: what the wire sends)",
+               "fp8_per_tensor (control)": "fp8, one scale per tensor (coarser)",
+               "int4_per_tensor (control)": "int4, one scale per tensor (negative control)"}
+
+
+@table("wire-quality")
+def wire_quality(load: Loader) -> str:
+    """docs/wire-format.md: logprob error of each KV wire variant vs the exact KV."""
+    data = load("wire_quality.json")
+    lines = [_cells(["engine", "KV on the wire",
+                     "teacher-forced logprob error mean / p99 / max (nats)",
+                     "max error, any token (nats)", "KL mean (nats)", "top-1 agreement",
+                     "greedy 32 tokens equal"]),
+             "|---|---|---|---|---|---|---|"]
+    for preset, run in data["presets"].items():
+        for name, v in run["variants"].items():
+            if name == "exact":
+                continue
+            e = v["teacher_logprob_abs_err"]
+            lines.append(_cells([
+                f"{preset}, {run['prompts']} prompts", _WIRE_LABEL.get(name, name),
+                f"{e['mean']:.2e} / {e['p99']:.2e} / {e['max']:.2e}",
+                f"{v['max_abs_err_logprob_any_token']:.2e}", f"{v['kl_nats_mean']:.1e}",
+                f"{v['top1_agreement']:.1%}", f"{v['greedy_32_equal_fraction']:.0%}"]))
+    return "\n".join(lines)
+
+
+@table("wire-capacity")
+def wire_capacity(load: Loader) -> str:
+    """docs/wire-format.md: plan and simulated capacity / TTFT, bf16 vs fp8 KV on the link."""
+    data = load("wire_capacity.json")
+    lines = [_cells(["scenario", "system", "KV on the wire", "plan (exact) req/s",
+                     "plan egress Gbps", "plan TTFT mean / p90 s", "sim capacity req/s",
+                     "sim TTFT mean / p90 s at the same rate", "dip TTFT mean / p90 s"]),
+             "|---|---|---|---|---|---|---|---|---|"]
+    for scenario, by_wire in data["scenarios"].items():
+        systems = [k for k in by_wire["bf16"] if isinstance(by_wire["bf16"][k], dict)]
+        for system in systems:
+            for wire, row in by_wire.items():
+                r = row[system]
+                plan, fixed = r["plan_exact"], r["fixed_rate"]
+                dip = fixed.get("ttft_dip_s")
+                lines.append(_cells([
+                    scenario, system, wire, f"{plan['lambda_max']:.2f}",
+                    f"{plan['egress_gbps']:.1f}" if plan["egress_gbps"] is not None else "",
+                    f"{plan['ttft_mean_s']:.2f} / {plan['ttft_p90_s']:.2f}",
+                    f"{r['sim_capacity_rps']:.2f}",
+                    f"{fixed['ttft_s']['mean']:.2f} / {fixed['ttft_s']['p90']:.2f} "
+                    f"({fixed['rate_rps']:.2f} req/s)",
+                    f"{dip['mean']:.2f} / {dip['p90']:.2f}" if dip else ""]))
+    return "\n".join(lines)

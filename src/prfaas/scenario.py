@@ -17,7 +17,9 @@ field and value. It is never mutated; planner, simulator and CLI read it. The sc
                 naive_heterogeneous: {prefill: {hardware, instances},
                                       decode: {hardware, instances}}}
     link: {gbps, intra_gbps, schedule, pipelined, connections, per_connection_gbps,
-           rtt_ms, loss, mss_bytes}   (the TCP path terms: models/tcp.py)
+           rtt_ms, loss, mss_bytes,   (the TCP path terms: models/tcp.py)
+           wire_dtype}   (bf16 | fp8_e4m3: full-attention KV on the wire; default the cache
+                          dtype. The planner and simulator then move `wire_kv` bytes)
     workload: {input: LENGTHS, output_tokens}
     planner: {t_step_tokens, mode}
     reference: paper figures to print beside ours (optional, free-form)
@@ -41,7 +43,7 @@ import yaml
 from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.core.files import read_text
 from prfaas.models.catalog import resolve_model
-from prfaas.models.kv import geometry
+from prfaas.models.kv import geometry, wire_dtype_name
 from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
 from prfaas.models.profile_file import kv_from_profile, load_profile_file
 from prfaas.models.roofline import roofline_profile
@@ -84,6 +86,7 @@ class Scenario:
     mode: str
     model: ModelSpec | None = None
     tcp: TcpPath = field(default_factory=TcpPath)  # RTT/loss/connections of the link
+    wire_dtype: str | None = None  # link.wire_dtype (None: KV travels in its cache dtype)
     reference: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     path: str = ""
@@ -113,6 +116,11 @@ class PdCluster:
         egress budget."""
         eff = self.tcp.effective_gbps(self.link_gbps)
         return eff if self.egress_budget_gbps is None else min(eff, self.egress_budget_gbps)
+
+    @property
+    def wire_kv(self) -> KVSize:
+        """S_kv(l) as it crosses a link: `kv` with the full-attention part in `wire_dtype`."""
+        return self.kv.on_wire(self.wire_dtype, self.model.dtype if self.model else "bf16")
 
 
 _TOP_KEYS = {"name", "description", "model", "kv", "hardware", "clusters", "baselines", "link",
@@ -279,7 +287,7 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
                           "the PD cluster needs at least 2 instances (one prefill, one decode)")
     link = _mapping(raw.get("link"), "link")
     _check_keys(link, {"gbps", "intra_gbps", "schedule", "connections", "per_connection_gbps",
-                       "pipelined", "rtt_ms", "loss", "mss_bytes"}, "link")
+                       "pipelined", "rtt_ms", "loss", "mss_bytes", "wire_dtype"}, "link")
     workload = _mapping(raw.get("workload"), "workload")
     _check_keys(workload, {"input", "output_tokens", "trace", "arrivals"}, "workload")
     planner = _mapping(raw.get("planner", {}), "planner")
@@ -296,7 +304,7 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
         lengths=from_config(_mapping(workload.get("input"), "workload.input")),
         output_tokens=_count(workload, "output_tokens", "workload"),
         t_step_tokens=int(planner.get("t_step_tokens", 100)), mode=mode, model=model,
-        tcp=_tcp(link),
+        tcp=_tcp(link), wire_dtype=wire_dtype_name(link.get("wire_dtype")),
         reference=dict(raw.get("reference") or {}), raw=raw, path=path,
     )
 

@@ -21,7 +21,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from prfaas.core.errors import ConfigError
-from prfaas.models.kv import KVGeometry
+from prfaas.models.kv import FIT_VECTOR_ELEMS, KVGeometry, wire_bytes_per_elem, wire_dtype_name
+from prfaas.models.spec import DTYPE_BYTES
 
 FloatArray = NDArray[np.float64]
 
@@ -94,6 +95,24 @@ class KVSize:
         slope, intercept = np.polyfit(x, y, 1)
         return KVSize(max(float(intercept), 0.0), float(slope), None,
                       source or "linear least-squares fit")
+
+    def on_wire(self, wire_dtype: str | None, cache_dtype: str = "bf16") -> KVSize:
+        """S_kv(l) on the link with full-attention KV in `wire_dtype` (scales included): the
+        per-token term shrinks, the fixed state (linear, SWA) keeps its dtype. A fitted profile
+        has no geometry: its slope is taken as `cache_dtype` full-attention KV in vectors of
+        FIT_VECTOR_ELEMS elements (models/kv.py)."""
+        name = wire_dtype_name(wire_dtype)
+        if name is None:
+            return self
+        if self.geometry is not None:
+            geo = self.geometry.on_wire(name)
+            return KVSize(self.fixed_bytes, geo.kv_bytes_per_token, geo,
+                          f"{self.source}, {name} on the wire")
+        ratio = wire_bytes_per_elem(name, FIT_VECTOR_ELEMS) / DTYPE_BYTES[cache_dtype]
+        if ratio >= 1:
+            return self
+        return KVSize(self.fixed_bytes, self.per_token_bytes * ratio, None,
+                      f"{self.source}, {name} on the wire")
 
     def size_bytes(self, length_tokens: ArrayLike) -> FloatArray:
         x = np.asarray(length_tokens, dtype=float)

@@ -230,7 +230,7 @@ def search_naive(inputs: PlanInputs, n_prefill: int, n_decode: int, mode: str) -
 
 def inputs_from_scenario(s: Scenario) -> PlanInputs:
     return PlanInputs(
-        lengths=s.lengths, output_tokens=s.output_tokens, kv=s.kv,
+        lengths=s.lengths, output_tokens=s.output_tokens, kv=s.wire_kv,
         prfaas_prefill=s.prfaas.hardware.require_prefill(),
         pd_prefill=s.pd.hardware.require_prefill(), decode=s.pd.hardware.require_decode(),
         n_prfaas=s.prfaas.instances, n_pd=s.pd.instances,

@@ -57,6 +57,9 @@ class EngineBackend(ABC):
     worker_protocol: ClassVar[str] = "native"  # the router's WorkerBackend (router/backends/)
     health_has_body: ClassVar[bool] = True  # /health answers {ok, pid}; vLLM's: 200, empty
     start_timeout_s: ClassVar[float] = 0.0  # the launcher waits at least this long per start
+    # lossy link wire dtypes its workers encode and decode (topology `link.wire_dtype`); none:
+    # its KV crosses as cached (the emulated engine checks its KV bytes exactly)
+    wire_dtypes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology

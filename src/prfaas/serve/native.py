@@ -37,6 +37,7 @@ def config_card(config: EngineConfig) -> ModelCard:
 
 class NativeEngineBackend(EngineBackend):
     name = "native"
+    wire_dtypes = ("bf16", "fp8_e4m3")  # serve/worker/kvship.py encodes full-attention KV
 
     def card(self) -> ModelCard:
         return config_card(engine_config(self.topology.model))

@@ -20,6 +20,7 @@ import yaml
 
 from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_text
+from prfaas.models.kv import wire_dtype_name
 from prfaas.security.spec import SecuritySpec, parse_security
 from prfaas.serve.engines import DEFAULT_ENGINE, backend_class, engine_names
 from prfaas.serve.resilience import (
@@ -62,6 +63,8 @@ class LinkSpec:
     # netns: the kernel shapes a veth into the PrfaaS workers' namespace (root; deploy/netns.py)
     emulation: str = "token-bucket"
     delay_stage: bool = False  # netns: KV relayed through serve/deploy/delay.py (added RTT faults)
+    # full-attention KV on this link: None (its cache dtype), bf16 or fp8_e4m3 (transport/quant.py)
+    wire_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.rate_gbps is not None and not self.rate_gbps > 0:
@@ -75,6 +78,9 @@ class LinkSpec:
             raise ConfigError("link.rate_gbps", None, "emulation netns needs a rate to shape to")
         if self.delay_stage and self.emulation != "netns":
             raise ConfigError("link.delay_stage", True, "needs emulation netns")
+        if wire_dtype_name(self.wire_dtype) != self.wire_dtype:
+            raise ConfigError("link.wire_dtype", self.wire_dtype,
+                              f"not canonical; use {wire_dtype_name(self.wire_dtype)}")
 
     @property
     def sender_rate_gbps(self) -> float | None:
@@ -172,6 +178,12 @@ class Topology:
         if not 0 <= self.router_port < 65536:
             raise ConfigError("router.port", self.router_port, "must be in [0, 65535]")
         backend_class(self.engine).check(self)  # e.g. vllm: needs a `vllm:` section
+        supported = backend_class(self.engine).wire_dtypes
+        for where, link in (("link", self.link), ("intra_link", self.intra_link)):
+            if link.wire_dtype is not None and link.wire_dtype not in supported:
+                raise ConfigError(f"{where}.wire_dtype", link.wire_dtype,
+                                  f"engine {self.engine} ships KV as cached; it encodes "
+                                  f"{', '.join(supported) or 'no wire dtype'}")
 
     def by_role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)
@@ -230,9 +242,10 @@ class Topology:
             "policy": {"name": self.policy, **self.policy_args},
             "router": {"host": self.router_host, "port": self.router_port},
             "link": {"rate_gbps": self.link.rate_gbps, "connections": self.link.connections,
-                     "emulation": self.link.emulation, "delay_stage": self.link.delay_stage},
+                     "emulation": self.link.emulation, "delay_stage": self.link.delay_stage,
+                     **_wire(self.link)},
             "intra_link": {"rate_gbps": self.intra_link.rate_gbps,
-                           "connections": self.intra_link.connections},
+                           "connections": self.intra_link.connections, **_wire(self.intra_link)},
             "timeouts": {k: getattr(self.timeouts, k) for k in Timeouts.__dataclass_fields__},
             "cache": {"capacity_mb": self.cache_capacity_bytes / 2**20},
             "max_retries": self.max_retries, "profile": self.profile,
@@ -263,16 +276,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def _wire(link: LinkSpec) -> dict[str, str]:
+    return {"wire_dtype": link.wire_dtype} if link.wire_dtype is not None else {}
+
+
 def _link(raw: object, where: str, default: LinkSpec) -> LinkSpec:
     m = _mapping(raw, where)
-    _keys(m, {"rate_gbps", "connections", "emulation", "delay_stage"}, where)
+    _keys(m, {"rate_gbps", "connections", "emulation", "delay_stage", "wire_dtype"}, where)
     rate = m.get("rate_gbps", default.rate_gbps)
     emulation = str(m.get("emulation", default.emulation))
     if where == "intra_link" and emulation != "token-bucket":
         raise ConfigError("intra_link.emulation", emulation, "only the inter-DC link can be netns")
     return LinkSpec(None if rate is None else float(rate),
                     int(m.get("connections", default.connections)), emulation,
-                    bool(m.get("delay_stage", False)))
+                    bool(m.get("delay_stage", False)),
+                    wire_dtype_name(m.get("wire_dtype")))
 
 
 def _worker(raw: object, index: int, default_engine: str) -> WorkerSpec:

@@ -73,7 +73,8 @@ def build_cache(cfg: SystemConfig, workload: Workload, instances: list[tuple[str
     if scope is None:
         return None
     longest = int(workload.input_tokens.max()) if len(workload) else None
-    return SimPrefixCache(cfg.kv, scope, capacity, instances, snapshot_policy, longest)
+    return SimPrefixCache(cfg.cache_kv or cfg.kv, scope, capacity, instances, snapshot_policy,
+                          longest)
 
 
 def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload, *,

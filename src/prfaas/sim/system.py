@@ -44,7 +44,7 @@ class SystemConfig:
     prfaas_prefill: PrefillTime | None
     pd_prefill: PrefillTime | None
     decode: DecodeTime
-    kv: KVSize
+    kv: KVSize  # what a transfer moves: the link's wire dtype (Scenario.wire_kv)
     link: LinkSchedule
     flow_cap_gbps: float | None
     intra_gbps: float
@@ -56,6 +56,7 @@ class SystemConfig:
     # the other route (policy/spill.py; the live topology's admission.max_queued_per_prefill);
     # None: unbounded queues, no spill
     max_queued_per_prefill: int | None = None
+    cache_kv: KVSize | None = None  # what a prefix cache holds, when not `kv` (fp8 on the wire)
 
     def describe(self) -> dict[str, Any]:
         """The resolved configuration, written beside results."""
@@ -108,7 +109,8 @@ def build_system(s: Scenario, system: str, *, threshold_tokens: int | None = Non
                  "naive_heterogeneous": s.naive_decode}[system].hardware
     layers = s.model.num_layers if s.model is not None else DEFAULT_KV_LAYERS
     base: dict[str, Any] = dict(
-        decode=decode_hw.require_decode(), kv=s.kv, link=_schedule(link_raw, s.link_gbps),
+        decode=decode_hw.require_decode(), kv=s.wire_kv, link=_schedule(link_raw, s.link_gbps),
+        cache_kv=s.kv if s.wire_dtype else None,
         flow_cap_gbps=s.tcp.transfer_cap_gbps(), rtt_s=s.tcp.rtt_s, intra_gbps=s.intra_gbps,
         pipelined=bool(link_raw.get("pipelined", True)), kv_layers=layers)
     pool = s.pd.instances if system == "prfaas_pd" else s.homogeneous.instances

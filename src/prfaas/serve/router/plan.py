@@ -69,7 +69,8 @@ def live_plan_inputs(topology: Topology, profile: HardwareProfile | None = None)
     top = int(topology.model.get("max_context_tokens", 16384))
     return PlanInputs(
         lengths=empirical([1, top], "placeholder: replaced by the controller's window"),
-        output_tokens=PLACEHOLDER_OUTPUT_TOKENS, kv=hw.kv,
+        # the profile's KV is the native engine's fp32 cache; the link moves its wire dtype
+        output_tokens=PLACEHOLDER_OUTPUT_TOKENS, kv=hw.kv.on_wire(topology.link.wire_dtype, "fp32"),
         prfaas_prefill=hw.require_prefill(), pd_prefill=hw.require_prefill(),
         decode=hw.require_decode(), n_prfaas=n_prfaas, n_pd=n_pd,
         link_gbps=topology.link.rate_gbps or UNSHAPED_GBPS,

@@ -64,7 +64,9 @@ class RouterService:
         self.manager = GlobalKVCacheManager(self.config.block_size_tokens)
         for w in topology.workers:
             self.manager.add_instance(w.name, w.cluster)
-        self.cluster = LiveCluster(topology, self.config.kv, engine.prefill_models())
+        # transfer predictions count what crosses the inter-DC link (its wire dtype)
+        self.cluster = LiveCluster(topology, self.config.kv.on_wire(topology.link.wire_dtype),
+                                   engine.prefill_models())
         self.metrics = RouterMetrics()
         # the instances' own cache events, when the engine publishes them (vLLM kv_events)
         self.cache_events = engine.cache_events(self.manager)

@@ -2,7 +2,9 @@
 reads it back. The transport carries named numpy arrays per (request, layer); on top of it:
 
 - per layer `i`: the layer's tensors (`layer_kv_to_arrays`) plus `range` = int64 [start, end]
-  (the token range the rows cover, which the transport does not know);
+  (the token range the rows cover, which the transport does not know); a full-attention layer's
+  tensors in the link's wire dtype (transport/quant.py: bf16 words, or fp8 codes plus
+  `<name>.scale`), decoded back to float32 by `read_shipped`;
 - per linear layer, when the prompt's last full block boundary B lies inside the shipped range:
   `snap.<name>` = the layer's state at B, so the decode worker can keep a reusable prefix;
 - on the request layer `META_LAYER` (kind none): `logits` (float32 [vocab], last prompt
@@ -21,6 +23,7 @@ import torch
 from prfaas.core.errors import TransportError
 from prfaas.engine import LayerKV, SequenceKV, layer_kv_from_arrays, layer_kv_to_arrays
 from prfaas.transport import ReceivedKV
+from prfaas.transport.quant import decode_arrays, encode_arrays
 
 META_LAYER = 0xFFFF
 FULL_ATTN = ("mla", "gqa")
@@ -44,8 +47,10 @@ def reframe(layer: LayerKV, ship_from: int, prefix: SequenceKV | None) -> LayerK
     return LayerKV(layer.layer_index, layer.kind, ship_from, layer.end_token, tensors)
 
 
-def layer_arrays(layer: LayerKV) -> list[tuple[str, np.ndarray]]:
+def layer_arrays(layer: LayerKV, wire_dtype: str | None = None) -> list[tuple[str, np.ndarray]]:
     arrays = layer_kv_to_arrays(layer)
+    if layer.kind in FULL_ATTN:  # linear states and SWA windows keep their dtype
+        arrays = encode_arrays(arrays, wire_dtype)
     arrays.append(("range", np.array([layer.start_token, layer.end_token], dtype=np.int64)))
     return arrays
 
@@ -101,7 +106,8 @@ def read_shipped(received: ReceivedKV, num_layers: int) -> ShippedKV:
         if arrays is None or "range" not in arrays:
             raise TransportError(f"request {received.request_id}: layer {i} missing")
         start, end = (int(v) for v in arrays["range"])
-        plain = [(n, a) for n, a in arrays.items() if n != "range" and not n.startswith("snap.")]
+        wire = {n: a for n, a in arrays.items() if n != "range" and not n.startswith("snap.")}
+        plain = sorted(decode_arrays(wire).items())
         layers.append(layer_kv_from_arrays(i, received.kinds[i], start, end, plain))
         snap = {n[5:]: torch.from_numpy(np.array(a)) for n, a in arrays.items()
                 if n.startswith("snap.")}

@@ -40,6 +40,9 @@ from prfaas.transport import KVSender, LinkMonitor, SenderConfig
 _EWMA = 0.3
 
 
+_Shipped = tuple[LayerKV, list[tuple[str, np.ndarray]]]  # a layer and its arrays as they travel
+
+
 class PrefillWorker:
     def __init__(self, topology: Topology, spec: WorkerSpec, engine: EngineBase, *,
                  kv_tls: ssl.SSLContext | None = None) -> None:
@@ -182,11 +185,13 @@ class PrefillWorker:
                        all_logits: bool = False
                        ) -> tuple[Any, asyncio.Task[int]]:
         loop = asyncio.get_running_loop()
-        layers: asyncio.Queue[LayerKV | None] = asyncio.Queue()
+        layers: asyncio.Queue[_Shipped | None] = asyncio.Queue()
 
         def hook(layer: LayerKV) -> None:  # prefill thread
             shipped = reframe(layer, ship_from, prefix)
-            loop.call_soon_threadsafe(layers.put_nowait, shipped)
+            # encoded here (fp8 / bf16 on the wire), off the event loop
+            arrays = layer_arrays(shipped, self.link.wire_dtype)
+            loop.call_soon_threadsafe(layers.put_nowait, (shipped, arrays))
 
         pump = asyncio.create_task(self._pump(sender, builder, rid, layers))
         try:
@@ -201,10 +206,11 @@ class PrefillWorker:
         return result, pump
 
     async def _pump(self, sender: KVSender, builder: ManifestBuilder, rid: int,
-                    layers: asyncio.Queue[LayerKV | None]) -> int:
+                    layers: asyncio.Queue[_Shipped | None]) -> int:
         sent = 0
-        while (layer := await layers.get()) is not None:
-            for name, array in layer_arrays(layer):
+        while (item := await layers.get()) is not None:
+            layer, arrays = item
+            for name, array in arrays:
                 await _ship(sender, builder, rid, layer.layer_index, layer.kind, name, array)
                 sent += array.nbytes
         return sent
@@ -258,7 +264,7 @@ class PrefillWorker:
 async def _ship(sender: KVSender, builder: ManifestBuilder, rid: int, layer: int, kind: str,
                 name: str, array: np.ndarray) -> None:
     builder.add(layer, name, array)
-    await sender.send_array(rid, layer, kind, name, array)
+    await sender.send_array(rid, layer, kind, name, array, bfloat16=array.dtype == np.uint16)
 
 
 def _positive_float(raw: object) -> float:
