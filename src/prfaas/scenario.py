@@ -94,6 +94,11 @@ class Scenario:
     # with pd_clusters: what whole-request routing gets in place of the PrfaaS cluster
     whole_request_extra: Pool | None = None
 
+    @property
+    def wire_kv(self) -> KVSize:
+        """S_kv(l) as it crosses a link: `kv` with the full-attention part in `wire_dtype`."""
+        return self.kv.on_wire(self.wire_dtype, self.model.dtype if self.model else "bf16")
+
 
 @dataclass(frozen=True)
 class PdCluster:
@@ -116,11 +121,6 @@ class PdCluster:
         egress budget."""
         eff = self.tcp.effective_gbps(self.link_gbps)
         return eff if self.egress_budget_gbps is None else min(eff, self.egress_budget_gbps)
-
-    @property
-    def wire_kv(self) -> KVSize:
-        """S_kv(l) as it crosses a link: `kv` with the full-attention part in `wire_dtype`."""
-        return self.kv.on_wire(self.wire_dtype, self.model.dtype if self.model else "bf16")
 
 
 _TOP_KEYS = {"name", "description", "model", "kv", "hardware", "clusters", "baselines", "link",
