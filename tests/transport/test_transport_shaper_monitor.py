@@ -40,6 +40,39 @@ def test_bucket_frame_larger_than_burst_takes_its_link_time() -> None:
     assert bucket.take(100_001_000) == pytest.approx(1.0)
 
 
+def _link_time_s(bucket: TokenBucket, clock: FakeClock, total_bytes: int,
+                 frame_bytes: int) -> float:
+    """Send total_bytes as one sender would, frame by frame, each after its wait; return the
+    time from the first frame's charge to the last frame's release."""
+    start_s = clock.now_s
+    for _ in range(total_bytes // frame_bytes):
+        clock.now_s += bucket.take(frame_bytes)
+    return clock.now_s - start_s
+
+
+def test_default_burst_is_ten_ms_of_link_at_any_rate() -> None:
+    assert TokenBucket(rate_gbps=0.01).burst_bytes == 12_500  # 1.25e6 B/s * 10 ms
+    assert TokenBucket(rate_gbps=100.0).burst_bytes == 125_000_000
+
+
+def test_low_rate_link_carries_a_small_kv_at_its_rate() -> None:
+    """512 KiB on a 0.01 Gbps (1.25 MB/s) link: 0.419 s of bytes / rate, less at most the
+    10 ms burst an idle link lends. Negative control: the old default burst (max(1 MiB, 10 ms))
+    lets the same transfer through in no link time at all."""
+    kv_bytes, frame_bytes = 512 * 1024, 64 * 1024
+    clock = FakeClock()
+    bucket = TokenBucket(rate_gbps=0.01, clock=clock)
+    took_s = _link_time_s(bucket, clock, kv_bytes, frame_bytes)
+    assert kv_bytes / 1.25e6 - 0.010 <= took_s + 1e-9
+    assert took_s <= kv_bytes / 1.25e6 + 1e-9
+    assert took_s == pytest.approx(0.42, abs=0.015)
+    old = TokenBucket(rate_gbps=0.01, burst_bytes=1024 * 1024, clock=clock)
+    assert _link_time_s(old, clock, kv_bytes, frame_bytes) == 0.0
+    # After an idle second the bucket lends only its burst again, not a second of link.
+    clock.now_s += 1.0
+    assert _link_time_s(bucket, clock, kv_bytes, frame_bytes) == pytest.approx(took_s)
+
+
 def test_bucket_rejects_bad_rates() -> None:
     with pytest.raises(ConfigError, match="rate_gbps=0"):
         TokenBucket(rate_gbps=0)

@@ -13,7 +13,9 @@ import time
 from collections.abc import Callable
 
 from prfaas.core.errors import ConfigError
-from prfaas.core.units import MIB, gbps_to_bytes_per_s
+from prfaas.core.units import gbps_to_bytes_per_s
+
+BURST_S = 0.010  # default burst: this much link time (see TokenBucket.__init__)
 
 
 class TokenBucket:
@@ -22,9 +24,14 @@ class TokenBucket:
         if not rate_gbps > 0:
             raise ConfigError("rate_gbps", rate_gbps, "must be positive")
         self.rate_bytes_per_s = gbps_to_bytes_per_s(rate_gbps)
-        # Default burst: 10 ms of link time, at least 1 MiB, so sleeps stay well above the
-        # event loop's timer resolution.
-        default_burst = max(MIB, int(self.rate_bytes_per_s * 0.010))
+        # Default burst: 10 ms of link time, with no byte floor. The burst is what an idle link
+        # lets through for free, so it must be bounded in *time*: 10 ms absorbs a late wake-up
+        # of the event loop (the refill covering an oversleep is capped at the burst) and is
+        # the most any transfer gains over bytes / rate, whatever the rate. The old floor of
+        # 1 MiB was 0.84 s of a 0.01 Gbps link: a KV under 1 MiB crossed at loopback speed.
+        # No floor is needed for timer resolution: with debt accounting each frame sleeps for
+        # its own link time, so a frame larger than the burst still passes at the rate.
+        default_burst = max(1, int(self.rate_bytes_per_s * BURST_S))
         self.burst_bytes = default_burst if burst_bytes is None else burst_bytes
         if self.burst_bytes <= 0:
             raise ConfigError("burst_bytes", burst_bytes, "must be positive")
