@@ -98,8 +98,10 @@ def test_both_halves_go_at_once_and_tokens_are_relayed() -> None:
     p, d = fake.bodies["p"], fake.bodies["d"]
     assert p["max_tokens"] == 1 and d["max_tokens"] == 3 and d["stream"] is True
     tid = p["kv_transfer_params"]["prfaas"]["transfer_id"]
+    nonce = p["kv_transfer_params"]["prfaas"]["nonce"]  # one fresh nonce, in both halves
+    assert len(nonce) == 32
     assert d["kv_transfer_params"]["prfaas"] == {"role": "recv", "transfer_id": tid,
-                                                 "timeout_s": 10}
+                                                 "timeout_s": 10, "nonce": nonce}
     assert p["kv_transfer_params"]["prfaas"]["dest_port"] == 4321
     assert "not_a_vllm_key" not in d and d["temperature"] == 0.0
     assert report.finish_reason == "length" and report.prefill_done
