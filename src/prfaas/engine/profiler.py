@@ -13,26 +13,20 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from prfaas.engine.engine import DecodeSeq, Engine, PrefillResult
+from prfaas.models.profile import MeasuredProfile
 
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096)
 FULL_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_BATCHES = (1, 8, 32)
 
 
-@dataclass(frozen=True, slots=True)
-class EngineProfile:
-    prefill_s: tuple[tuple[int, float], ...]  # (length_tokens, time_s)
-    kv_bytes: tuple[tuple[int, int], ...]  # (length_tokens, bytes)
-    decode_step_s: tuple[tuple[int, float], ...]  # (batch, step_s)
-    reps: int
-    context_tokens: int
+EngineProfile = MeasuredProfile  # the native engine's measurement
 
 
 def prompt_tokens(length: int, seed: int = 0) -> list[int]:
@@ -109,16 +103,5 @@ def profile_document(engine: Engine, prof: EngineProfile) -> dict[str, Any]:
            f" {dt.datetime.now(dt.UTC).date().isoformat()}; config: pattern={cfg.layer_pattern}"
            f" hidden={cfg.hidden} heads={cfg.num_heads} block={cfg.block_size_tokens}"
            f" seed={cfg.seed} threads={cfg.threads}")
-    return {
-        "name": f"cpu-{cfg.name}",
-        "hardware": f"{cpu_model()}, {cfg.threads} threads",
-        "model": cfg.to_spec().name,
-        "how": how,
-        "gpus_per_instance": 1,
-        "prefill": {"points": [{"length_tokens": n, "time_s": round(t, 6)}
-                               for n, t in prof.prefill_s]},
-        "kv": {"points": [{"length_tokens": n, "bytes": b} for n, b in prof.kv_bytes]},
-        "decode": {"bs_max": max(b for b, _ in prof.decode_step_s),
-                   "step_points": [{"batch": b, "step_s": round(t, 6)}
-                                   for b, t in prof.decode_step_s]},
-    }
+    return prof.document(f"cpu-{cfg.name}", f"{cpu_model()}, {cfg.threads} threads",
+                         cfg.to_spec().name, how)

@@ -16,6 +16,7 @@ All functions accept numpy arrays so the planner can integrate over length distr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -192,3 +193,30 @@ class HardwareProfile:
         """Eq. 1: Phi_kv(l) = S_kv(l) / T_prefill(l), in Gbps."""
         seconds = float(self.require_prefill().time_s(length_tokens))
         return self.kv.bytes_for(length_tokens) * 8 / seconds / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredProfile:
+    """What `prfaas profile` measured on one instance, whatever the engine."""
+
+    prefill_s: tuple[tuple[int, float], ...]  # (length_tokens, time_s)
+    kv_bytes: tuple[tuple[int, int], ...]  # (length_tokens, bytes)
+    decode_step_s: tuple[tuple[int, float], ...]  # (batch, step_s)
+    reps: int
+    context_tokens: int
+
+    def document(self, name: str, hardware: str, model: str, how: str) -> dict[str, Any]:
+        """The profile file scenarios read (`profile_path`), one GPU-equivalent per instance."""
+        return {
+            "name": name,
+            "hardware": hardware,
+            "model": model,
+            "how": how,
+            "gpus_per_instance": 1,
+            "prefill": {"points": [{"length_tokens": n, "time_s": round(t, 6)}
+                                   for n, t in self.prefill_s]},
+            "kv": {"points": [{"length_tokens": n, "bytes": b} for n, b in self.kv_bytes]},
+            "decode": {"bs_max": max(b for b, _ in self.decode_step_s),
+                       "step_points": [{"batch": b, "step_s": round(t, 6)}
+                                       for b, t in self.decode_step_s]},
+        }

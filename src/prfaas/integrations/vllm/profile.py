@@ -27,7 +27,6 @@ import json
 import statistics
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +36,14 @@ import numpy as np
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.served_model import ServedModel
 from prfaas.models.kv import geometry
+from prfaas.models.profile import MeasuredProfile
 
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 3072)
 DEFAULT_BATCHES = (1, 4, 8)
 META_BYTES = 24  # token count, prompt fingerprint, layout fingerprint (int64 each)
 
 
-@dataclass(frozen=True)
-class VllmProfile:
-    prefill_s: tuple[tuple[int, float], ...]
-    kv_bytes: tuple[tuple[int, int], ...]
-    decode_step_s: tuple[tuple[int, float], ...]
-    reps: int
-    context_tokens: int
+VllmProfile = MeasuredProfile  # a vLLM instance's measurement
 
 
 def connector_kv_bytes(model: ServedModel, length_tokens: int) -> int:
@@ -176,19 +170,7 @@ def profile_document(model: ServedModel, prof: VllmProfile, hardware: str, where
            f"(median wall of b concurrent {prof.context_tokens}-token prompts generating n "
            f"tokens - generating 1) / (n - 1), median of >= 3 pairs; instance: {where}; "
            f"vLLM args: {' '.join(model.args)}; {dt.datetime.now(dt.UTC).date().isoformat()}")
-    return {
-        "name": f"vllm-{_model_type(model)}",
-        "hardware": hardware,
-        "model": model.to_spec().name,
-        "how": how,
-        "gpus_per_instance": 1,
-        "prefill": {"points": [{"length_tokens": n, "time_s": round(t, 6)}
-                               for n, t in prof.prefill_s]},
-        "kv": {"points": [{"length_tokens": n, "bytes": b} for n, b in prof.kv_bytes]},
-        "decode": {"bs_max": max(b for b, _ in prof.decode_step_s),
-                   "step_points": [{"batch": b, "step_s": round(t, 6)}
-                                   for b, t in prof.decode_step_s]},
-    }
+    return prof.document(f"vllm-{_model_type(model)}", hardware, model.to_spec().name, how)
 
 
 def profile_topology(topology: Any, url: str | None = None, log_dir: str | None = None,
