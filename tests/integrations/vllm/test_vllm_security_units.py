@@ -206,23 +206,25 @@ def test_fault_file_is_taken_by_one_transfer(tmp_path: Path) -> None:
 
 
 # -- the instances' TLS settings and the launcher -----------------------------------------------
-def test_tls_topology_gives_vllm_https_and_the_connector_its_peers(certs: Path) -> None:
-    from prfaas.integrations.vllm.deploy import worker_spec
+def test_tls_topology_fronts_the_prfaas_instance_and_gives_the_connector_peers(certs: Path
+                                                                              ) -> None:
+    from prfaas.integrations.vllm.deploy import needs_front, worker_spec
 
     topo = load_topology(ROOT / "topologies" / "vllm-local.yaml")
     topo = topo.with_security(SecuritySpec(tls_dir=str(certs)))
     pre, pdp, dec = topo.worker("prfaas-0"), topo.worker("pdp-0"), topo.worker("pdd-0")
     assert pre.url.startswith("https://") and not dec.url.startswith("https://")
-    cmd = worker_spec(topo, pre).command()
-    assert cmd[cmd.index("--ssl-cert-reqs") + 1] == "2"  # ssl.CERT_REQUIRED: mutual
-    assert cmd[cmd.index("--ssl-ca-certs") + 1] == str(certs / "ca.pem")
-    assert cmd[cmd.index("--ssl-certfile") + 1] == str(certs / "prfaas-0.pem")
-    assert "--ssl-certfile" not in worker_spec(topo, pdp).command()  # same DC as the router
+    # the PrfaaS instance: behind the TLS front (router only), vLLM on a unix socket
+    assert needs_front(topo, pre) and not needs_front(topo, pdp) and not needs_front(topo, dec)
+    cmd = worker_spec(topo, pre, uds="/x/api.sock").command()
+    assert cmd[cmd.index("--uds") + 1] == "/x/api.sock"
+    assert not any(a.startswith("--ssl") for a in cmd)  # vLLM's own TLS: any CA member got in
     assert worker_spec(topo, pre).extra["decoders"] == {f"{dec.host}:{dec.kv_port}": "pdd-0"}
     assert worker_spec(topo, pdp).extra["decoders"] == {f"{dec.host}:{dec.kv_port}": "pdd-0"}
     assert worker_spec(topo, dec).extra["senders"] == ["pdp-0", "prfaas-0"]
     plain = worker_spec(load_topology(ROOT / "topologies" / "vllm-local.yaml"), pre)
-    assert "tls_dir" not in plain.extra and "--ssl-certfile" not in plain.command()
+    assert "tls_dir" not in plain.extra and "--uds" not in plain.command()
+    assert not needs_front(load_topology(ROOT / "topologies" / "vllm-local.yaml"), pre)
 
 
 class _Plain(http.server.BaseHTTPRequestHandler):

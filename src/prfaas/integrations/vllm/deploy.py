@@ -4,21 +4,21 @@ Roles map to connector roles: `prfaas` and `pd-p` are producers whose sender sha
 the worker's link (`link` for PrfaaS, `intra_link` for PD-P: topology.link_of), `pd-d` is the
 consumer whose receiver listens on the worker's `kv_port`. `exec_worker` replaces the calling
 process (`python -m prfaas.serve.deploy.proc --name W`) with the vLLM server, so the launcher's pid,
-SIGTERM and /health work on it unchanged.
+SIGTERM and /health work on it unchanged. With TLS, a PrfaaS worker's port belongs to the TLS
+front (tls_front.py, a child started first) and vLLM serves on a unix socket behind it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import ssl
-from pathlib import Path
 from typing import Any
 
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.kv_events import events_config
 from prfaas.integrations.vllm.kv_security import FAULT_ENV
 from prfaas.integrations.vllm.server import VllmSpec
+from prfaas.integrations.vllm.tls_front import start_front
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.serve.vllm_settings import VllmSettings
 
@@ -30,7 +30,9 @@ def settings(topology: Topology) -> VllmSettings:
 
 
 def worker_spec(topology: Topology, worker: WorkerSpec,
-                extra: dict[str, Any] | None = None) -> VllmSpec:
+                extra: dict[str, Any] | None = None, uds: str | None = None) -> VllmSpec:
+    """`uds`: vLLM serves its API on this unix socket instead of the worker's port (behind
+    the TLS front, tls_front.py; `needs_front`)."""
     s = settings(topology)
     link = topology.link_of(worker)
     if worker.role == "pd-d":
@@ -54,7 +56,7 @@ def worker_spec(topology: Topology, worker: WorkerSpec,
                     max_model_len=s.max_model_len,
                     max_num_batched_tokens=s.max_num_batched_tokens, kv_cache_gib=s.kv_cache_gib,
                     cores=worker.cores,
-                    args=(*s.args, *worker.vllm_args, *events, *https_args(topology, worker)))
+                    args=(*s.args, *worker.vllm_args, *events, *(("--uds", uds) if uds else ())))
 
 
 def tls_extra(topology: Topology, worker: WorkerSpec) -> dict[str, Any]:
@@ -73,16 +75,11 @@ def tls_extra(topology: Topology, worker: WorkerSpec) -> dict[str, Any]:
     return {"tls_dir": tls_dir, "tls_name": worker.name, "decoders": decoders}
 
 
-def https_args(topology: Topology, worker: WorkerSpec) -> tuple[str, ...]:
-    """vLLM's own HTTPS with required client certificates of the topology's CA, for a worker
-    the router calls over mutual TLS (a PrfaaS instance when the topology has TLS)."""
-    tls_dir = topology.security.tls_dir
-    if tls_dir is None or not worker.tls:
-        return ()
-    d = Path(tls_dir)
-    return ("--ssl-keyfile", str(d / f"{worker.name}.key"),
-            "--ssl-certfile", str(d / f"{worker.name}.pem"), "--ssl-ca-certs", str(d / "ca.pem"),
-            "--ssl-cert-reqs", str(int(ssl.CERT_REQUIRED)))
+def needs_front(topology: Topology, worker: WorkerSpec) -> bool:
+    """A worker the router calls over mutual TLS (a PrfaaS instance when the topology has TLS):
+    its port is the TLS front's, which opens only to the router's certificate (tls_front.py;
+    vLLM's own --ssl-* options would let any certificate of the topology's CA in)."""
+    return topology.security.tls_dir is not None and worker.tls
 
 
 def exec_worker(topology: Topology, name: str) -> None:
@@ -93,7 +90,12 @@ def exec_worker(topology: Topology, name: str) -> None:
     faults = os.environ.get(FAULT_ENV)
     if faults:  # tests: a tampered transfer on demand (kv_security.take_fault)
         extra["fault_file"] = os.path.join(faults, f"{name}.fault")
-    spec = worker_spec(topology, topology.worker(name), extra)
+    worker = topology.worker(name)
+    uds = None
+    if needs_front(topology, worker):
+        assert topology.security.tls_dir is not None
+        uds, _ = start_front(topology.security.tls_dir, name, worker.host, worker.port)
+    spec = worker_spec(topology, worker, extra, uds)
     cmd = spec.command()
     os.execve(cmd[0], cmd, spec.environ())
 

@@ -57,30 +57,44 @@ class _TlsGate(asyncio.Protocol):
         self.early += data
 
     async def _upgrade(self, transport: asyncio.Transport) -> None:
-        peername = transport.get_extra_info("peername")
-        peer = f"{peername[0]}:{peername[1]}" if peername else "unknown peer"
-        loop = asyncio.get_running_loop()
-        try:
-            tls = await asyncio.wait_for(
-                loop.start_tls(transport, self, self.context, server_side=True), self.timeout_s)
-        except (ssl.SSLError, OSError, TimeoutError) as exc:
-            reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
-            self.refusals.add(peer, f"TLS handshake failed: {reason}", "HTTPS")
-            transport.close()
-            return
+        tls = await accept_tls(transport, self, self.context, self.refusals, self.accept_name,
+                               self.timeout_s)
         if tls is None:
-            return
-        name = certificate_name(tls.get_extra_info("peercert"))
-        if self.accept_name is not None and not self.accept_name(name):
-            self.refusals.add(peer, f"certificate name {name!r} is not an accepted caller",
-                              "HTTPS")
-            tls.close()
             return
         handler = self.factory()
         tls.set_protocol(handler)
         handler.connection_made(tls)
         if self.early:
             handler.data_received(bytes(self.early))
+
+
+async def accept_tls(transport: asyncio.Transport, protocol: asyncio.Protocol,
+                     context: ssl.SSLContext, refusals: Refusals,
+                     accept_name: Callable[[str | None], bool] | None, timeout_s: float,
+                     listener: str = "HTTPS") -> asyncio.Transport | None:
+    """The server side of the handshake on an accepted TCP `transport` (its reading paused),
+    `protocol` then receiving the TLS stream; the TLS transport, or None when the peer was
+    refused (no TLS, no certificate, another CA, a name `accept_name` refuses), counted in
+    `refusals`, logged and closed."""
+    peername = transport.get_extra_info("peername")
+    peer = f"{peername[0]}:{peername[1]}" if peername else "unknown peer"
+    loop = asyncio.get_running_loop()
+    try:
+        tls = await asyncio.wait_for(
+            loop.start_tls(transport, protocol, context, server_side=True), timeout_s)
+    except (ssl.SSLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+        refusals.add(peer, f"TLS handshake failed: {reason}", listener)
+        transport.close()
+        return None
+    if tls is None:
+        return None
+    name = certificate_name(tls.get_extra_info("peercert"))
+    if accept_name is not None and not accept_name(name):
+        refusals.add(peer, f"certificate name {name!r} is not an accepted caller", listener)
+        tls.close()
+        return None
+    return tls
 
 
 async def serve_tls(app: web.Application, host: str, port: int, context: ssl.SSLContext,
