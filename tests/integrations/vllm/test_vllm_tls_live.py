@@ -1,22 +1,30 @@
 """Live: `topologies/vllm-local.yaml` (hybrid tiny Qwen3-Next) with `security: {tls: ...}`.
 
 One deployment for every test here (certificates from `prfaas certs init`'s code): the router
-calls the PrfaaS instance over mutual TLS (vLLM's own --ssl-* options), every KV connection of
-the connector is mutual TLS, and every transfer carries the manifest the decoder verifies before
-it reports the load finished (integrations/vllm/kv_security.py).
+calls the PrfaaS instance over mutual TLS (through our TLS front, which opens to the router's
+certificate only: integrations/vllm/tls_front.py), every KV connection of the connector is
+mutual TLS, and every transfer carries the manifest the decoder verifies before it reports the
+load finished (integrations/vllm/kv_security.py).
 - A long prompt crosses on the PrfaaS route with all of it on.
 - The decode instance's KV port and the PrfaaS instance's HTTPS port refuse plaintext, a client
   without a certificate and one from a foreign CA; the right certificate is accepted (the
-  positive control that shows the probe can tell them apart).
+  positive control that shows the probe can tell them apart). The HTTPS port also refuses a
+  decoder's and the instance's own certificate of the same CA (vLLM's own TLS let them in).
 - A tampered transfer (GDN states missing, a truncated tensor, a replayed nonce, another model's
   identity; injected at the PrfaaS producer, PRFAAS_VLLM_FAULT_DIR) ends in a load error on the
   decoder, named by its check, and a local retry whose answer is the local path's own.
 - A body that names a KV address outside the topology: the producer sends it nothing.
+- Where this host can make a network namespace (root), the same deployment runs with
+  `link.emulation: netns`: the PrfaaS instance (and its front) inside a namespace whose veth
+  `tc tbf` shapes, so its KV crosses a kernel-shaped link; the transfer takes at least its bytes
+  over the shaped rate, every byte crossed the veth, and at a 20x faster shaping (the control)
+  it takes far less.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -48,6 +56,25 @@ from vllm_live import (  # noqa: E402
 from prfaas.integrations.vllm.kv_security import FAULT_ENV  # noqa: E402
 from prfaas.security.certs import ROUTER, Authority, Member, init_certs  # noqa: E402
 from prfaas.security.spec import SecuritySpec  # noqa: E402
+from prfaas.serve.deploy.netns import (  # noqa: E402
+    NetnsError,
+    NetnsLink,
+    namespaces,
+    netns_available,
+)
+
+
+def _can_make_netns() -> bool:
+    if not netns_available():
+        return False
+    try:
+        NetnsLink.create(0.01, index=248).destroy()
+    except NetnsError:
+        return False
+    return True
+
+
+NETNS = _can_make_netns()
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +83,9 @@ def live() -> Iterator[dict[str, Any]]:
         model = build("qwen3_next", root)
         certs = root / "certs"
         topo = topology("vllm-local.yaml", model)
+        if NETNS:  # the KV link shaped by the kernel (serve/deploy/netns.py), same rate
+            topo = dataclasses.replace(topo, link=dataclasses.replace(topo.link,
+                                                                      emulation="netns"))
         init_certs([*(Member(w.name, w.host) for w in topo.workers), Member(ROUTER)], certs)
         foreign = root / "foreign"
         ca = Authority("a foreign CA")
@@ -68,8 +98,10 @@ def live() -> Iterator[dict[str, Any]]:
         try:
             with deployment(topo.with_security(SecuritySpec(tls_dir=str(certs))), root / "logs",
                             with_reference=False) as (dep, _, traces):
+                netns = dep.netns.name if dep.netns is not None else None
                 yield {"dep": dep, "traces": traces, "certs": certs, "foreign": foreign,
                        "faults": faults, "logs": root / "logs"}
+            assert netns is None or netns not in namespaces()  # stop() removed it
         finally:
             os.environ.pop(FAULT_ENV, None)
 
@@ -155,13 +187,23 @@ def _https_get(url: str, ctx: ssl.SSLContext | None) -> str:
         return f"refused: {exc}"
 
 
-def test_prfaas_instance_port_refuses_plaintext_no_certificate_and_a_foreign_ca(live: dict
-                                                                                ) -> None:
+def test_prfaas_instance_port_opens_to_the_router_only(live: dict) -> None:
+    """The TLS front (integrations/vllm/tls_front.py): the router's certificate opens it; a
+    decoder's and the instance's own certificate of the same CA do not (vLLM's own
+    --ssl-cert-reqs 2, used before, let both in: test_vllm_tls_front's control), nor
+    plaintext, no certificate or a foreign CA."""
     url = live["dep"].topology.worker("prfaas-0").url
+    log = live["logs"] / "prfaas-0.log"
+    before = log.read_text().count("HTTPS refused")
     assert _https_get(url, _context(live, ROUTER)) == "HTTP 200"
+    for what, ctx in (("a decoder's certificate", _context(live, "pdd-0")),
+                      ("its own certificate", _context(live, "prfaas-0")),
+                      ("no certificate", _context(live, None)),
+                      ("foreign CA", _context(live, ROUTER, "foreign"))):
+        assert _https_get(url, ctx).startswith("refused"), what
     assert _https_get("http:" + url[len("https:"):], None).startswith("refused")
-    assert _https_get(url, _context(live, None)).startswith("refused")
-    assert _https_get(url, _context(live, ROUTER, "foreign")).startswith("refused")
+    assert _https_get(url, _context(live, ROUTER)) == "HTTP 200"  # still open to the router
+    assert log.read_text().count("HTTPS refused") - before >= 5
 
 
 # -- tampered transfers ----------------------------------------------------------------------
@@ -195,13 +237,14 @@ def _post_tls(url: str, body: dict[str, Any], ctx: ssl.SSLContext) -> int:
 
 
 def test_producer_sends_only_to_its_topologys_decoders(live: dict) -> None:
-    """A body that names another KV address (a listener here): the producer opens no
-    connection to it; the same body naming the decoder's own address reaches it (the positive
-    control). The address is only looked up: the decoder's certificate must then show the
-    decoder's name (test_vllm_security_units shows a listener with another one refused)."""
+    """A body that names another KV address (a listener on the decoder's host, which the
+    producer can reach, in a namespace too): the producer opens no connection to it; the same
+    body naming the decoder's own address reaches it (the positive control). The address is
+    only looked up: the decoder's certificate must then show the decoder's name
+    (test_vllm_security_units shows a listener with another one refused)."""
     dep = live["dep"]
     dec, pre = dep.topology.worker("pdd-0"), dep.topology.worker("prfaas-0")
-    lsock = socket.create_server(("127.0.0.1", 0))
+    lsock = socket.create_server((dec.host, 0))
     accepted: list[socket.socket] = []
     threading.Thread(target=_accept, args=(lsock, accepted), daemon=True).start()
     ctx = _context(live, ROUTER)
@@ -211,7 +254,7 @@ def test_producer_sends_only_to_its_topologys_decoders(live: dict) -> None:
             assert _post_tls(pre.url, {"model": "tiny", "prompt": prompt, "max_tokens": 1,
                                        "kv_transfer_params": {"prfaas": {
                                            "role": "send", "transfer_id": tid,
-                                           "dest_host": "127.0.0.1", "dest_port": port}}},
+                                           "dest_host": dec.host, "dest_port": port}}},
                              ctx) == 200
         deadline = time.monotonic() + 60
         while not any(e.get("tid") == 7002 for e in trace(live["traces"], "pdd-0")):
@@ -229,3 +272,49 @@ def _accept(lsock: socket.socket, out: list[socket.socket]) -> None:
     with contextlib.suppress(OSError):
         while True:
             out.append(lsock.accept()[0])
+
+
+# -- the kernel-shaped link ----------------------------------------------------------------------
+NETNS_CONTROL_GBPS = 0.2  # 20x the topology's 0.01 Gbps
+
+
+def _crossing(live: dict, seed: int, length_tokens: int = 2000) -> tuple[float, int]:
+    """One fresh prompt on the PrfaaS route: how long the decoder took to receive its KV
+    (first to last tensor) and how many bytes of tensors it received; every one of them
+    crossed the veth (the host end's receive counter grew by at least that much)."""
+    dep = live["dep"]
+    [prompt] = prompts([length_tokens], seed=seed)
+    before = dep.netns.carried_bytes()
+    p = routed(dep.url, prompt, 2)["prfaas"]
+    assert p["route"] == "prfaas" and not p["retried"], p
+    done = _done(live)[-1]
+    assert done["error"] is None, done
+    got = [e for e in trace(live["traces"], "pdd-0")
+           if e["ev"] == "tensor" and e["tid"] == done["tid"]]
+    received_bytes = sum(e["bytes"] for e in got)
+    assert dep.netns.carried_bytes() - before >= received_bytes > 0
+    return max(e["t"] for e in got) - min(e["t"] for e in got), received_bytes
+
+
+@pytest.mark.skipif(not NETNS, reason="cannot create a network namespace here (needs root)")
+def test_kv_crosses_the_kernel_shaped_link_at_its_rate(live: dict) -> None:
+    dep = live["dep"]
+    assert dep.netns is not None and dep.netns.name in namespaces()
+    assert dep.topology.worker("prfaas-0").host == dep.netns.ns_ip
+    rate_gbps = dep.topology.link.rate_gbps
+    assert rate_gbps is not None and dep.topology.link.sender_rate_gbps is None  # kernel only
+    tries = []
+    for k in range(3):  # the control's speed-up needs a moment of CPU: one of three tries
+        slow_s, slow_bytes = _crossing(live, seed=50 + k)
+        # tbf lets its 24 KB burst through at once; the rest no faster than the rate
+        assert slow_s >= 0.8 * slow_bytes * 8 / (rate_gbps * 1e9), (slow_s, slow_bytes)
+        dep.netns.set_rate(NETNS_CONTROL_GBPS)
+        try:
+            fast_s, fast_bytes = _crossing(live, seed=60 + k)
+        finally:
+            dep.netns.set_rate(rate_gbps)
+        tries.append((slow_s, slow_bytes, fast_s, fast_bytes))
+        if slow_s <= 2 * slow_bytes * 8 / (rate_gbps * 1e9) and fast_s < slow_s / 3:
+            break
+    else:
+        raise AssertionError(f"(slow s, bytes, fast s, bytes) per try: {tries}")
