@@ -167,3 +167,12 @@ def _listening(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_a_busy_port_is_one_line_naming_it(certs: dict) -> None:
+    from prfaas.core.errors import ConfigError
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"workers\.prfaas-0\.port.*{port}"):
+            start_front(str(certs["certs"]), "prfaas-0", "127.0.0.1", port)

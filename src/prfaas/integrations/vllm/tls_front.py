@@ -31,6 +31,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 
+from prfaas.core.errors import ConfigError
 from prfaas.security.certs import ROUTER
 from prfaas.security.tls import Identity
 from prfaas.serve.worker.tls_server import Refusals, accept_tls
@@ -146,7 +147,12 @@ def start_front(tls_dir: str, name: str, host: str, port: int
     Identity.load(tls_dir, name)  # a bad certificate: one line naming the file, before vLLM
     folder = tempfile.mkdtemp(prefix="prfaas-vllm-")  # 0700: the socket is this user's only
     path = os.path.join(folder, "api.sock")
-    listener = socket.create_server((host, port), reuse_port=False)
+    try:
+        listener = socket.create_server((host, port))
+    except OSError as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise ConfigError(f"workers.{name}.port", port,
+                          f"cannot listen on {host}: {exc.strerror or exc}") from exc
     proc = subprocess.Popen([sys.executable, "-m", "prfaas.integrations.vllm.tls_front",
                              "--fd", str(listener.fileno()), "--tls-dir", tls_dir, "--name",
                              name, "--upstream", path, "--parent", str(os.getpid())],

@@ -6,6 +6,7 @@ debug-level log and no hook. Here each accepted TCP connection is upgraded with
 all) or a certificate whose name `accept_name` refuses is counted in `Refusals` and logged with
 the peer's address; a good one is handed to aiohttp's request handler as if aiohttp had
 accepted it. `serve_tls` runs until SIGINT/SIGTERM, then cleans the app up like run_app.
+`accept_tls` is the handshake and name check alone (the vLLM TLS front uses it too).
 """
 
 from __future__ import annotations
