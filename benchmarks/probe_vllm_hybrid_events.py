@@ -5,10 +5,13 @@ One standalone instance of topologies/vllm-local.yaml's model and settings, with
 `--num-gpu-blocks-override`, as the llama live test's pdp-0) so that evictions happen. A ZMQ
 subscriber records every event; the router's translation (cache/block_events.EngineBlockIndex
 into a GlobalKVCacheManager, exact lookups, as the router does with events) says how many
-tokens of a prompt the router would count on the instance. Steps: a 2,000-token prompt A;
-A again (vLLM's own cached_tokens); four 3,000-token prompts (more than the cache holds);
-A again. Writes benchmarks/results/vllm_hybrid_events.json: every event summarised (type,
-group, kind, blocks, tokens, parent known), the router's count and vLLM's after each step.
+tokens of a prompt the router would count on the instance, in the topology's block size.
+Steps: a 2,000-token prompt A; A again (vLLM's own cached_tokens); four 3,000-token prompts
+(more than the cache holds); A again; eight more 3,000-token prompts (A is evicted); A again.
+Writes benchmarks/results/vllm_hybrid_events.json: every event summarised (type, group, kind,
+blocks, tokens, parent known), the router's count for each prompt before it is sent
+(`router_counted_before_tokens`) beside vLLM's own `cached_tokens` for it, and the router's
+count of A after each step. The router's index applies each ZMQ batch whole.
 
     flock /work/heavy.lock env PYTHONPATH=src .venv/bin/python \
         benchmarks/probe_vllm_hybrid_events.py
@@ -73,7 +76,8 @@ def main() -> int:
             if not sub.poll(100):
                 continue
             frames = sub.recv_multipart()
-            for ev in parse_batch(frames[2]):
+            events = parse_batch(frames[2])
+            for ev in events:
                 row: dict[str, Any] = {"type": type(ev).__name__}
                 if isinstance(ev, BlockStored):
                     row.update(group=ev.group, kind=ev.kind, blocks=len(ev.block_hashes),
@@ -84,20 +88,24 @@ def main() -> int:
                 elif hasattr(ev, "block_hashes"):
                     row.update(group=ev.group, blocks=len(ev.block_hashes))
                 summary.append(row)
-                index.apply(ev)
+            index.apply_batch(events)  # whole, as the router's subscriber does
             deadline = time.monotonic() + quiet_s
+
+    def counted(prompt: list[int]) -> int:
+        return manager.match(chain_hashes(prompt, bs, 0), exact=True).cached_tokens("probe")
 
     def step(name: str, prompt: list[int], probe: list[int]) -> None:
         before = len(summary)
+        predicted = counted(prompt)  # what the router counts for this prompt before sending it
         status, reply = post(spec.url, {"model": s.served_name, "prompt": prompt,
                                         "max_tokens": 1, "temperature": 0})
         assert status == 200, reply
         cached = ((reply.get("usage") or {}).get("prompt_tokens_details") or {}).get(
             "cached_tokens")
         drain()
-        hashes = chain_hashes(probe, bs, 0)
-        router = manager.match(hashes, exact=True).cached_tokens("probe")
+        router = counted(probe)
         steps.append({"step": name, "prompt_tokens": len(prompt),
+                      "router_counted_before_tokens": predicted,
                       "vllm_cached_tokens": cached, "router_counts_tokens_of_A": router,
                       "events": summary[before:], "stats": dataclasses.asdict(index.stats)})
         print(f"{name}: vllm cached {cached}, router counts {router} of A; "
@@ -112,12 +120,21 @@ def main() -> int:
         for k, p in enumerate(prompts([3000] * 4, seed=71)):
             step(f"filler {k}", p, a)
         step("A after fillers", a, a)
+        for k, p in enumerate(prompts([3000] * 8, seed=72)):  # 96 blocks > 64: A is evicted
+            step(f"filler {4 + k}", p, a)
+        step("A after more fillers", a, a)
         log_head = [line for line in inst.log_tail(200_000).splitlines()
                     if "mamba" in line.lower() or "prefix" in line.lower()][:20]
     sub.close(0)
     ctx.term()
     OUT.write_text(json.dumps({"model": "tiny qwen3_next (3 GDN : 1 attention)",
                                "block_size_tokens": bs, "num_blocks": BLOCKS,
+                               "router_vs_vllm": [
+                                   {"step": st["step"],
+                                    "router_counted_before_tokens":
+                                        st["router_counted_before_tokens"],
+                                    "vllm_cached_tokens": st["vllm_cached_tokens"]}
+                                   for st in steps],
                                "args": list(spec.args), "vllm_log_lines": log_head,
                                "steps": steps}, indent=1) + "\n")
     print(f"wrote {OUT}")

@@ -83,14 +83,22 @@ def test_negative_controls_wrong_tokens_unknown_parent_other_block_size_count_no
     assert index2.stats.unknown_removed == 1
 
 
-def test_reused_blocks_reported_again_are_idempotent() -> None:
+def test_a_block_stored_twice_is_held_until_both_copies_are_removed() -> None:
+    """vLLM does not de-duplicate: a block computed again while its hash is cached (a hybrid
+    prompt whose attention blocks hit but whose state did not) is a second block with its own
+    BlockStored and, later, its own BlockRemoved (a prefix-cache hit stores nothing:
+    single_type_kv_cache_manager marks hit blocks cached)."""
     manager, index = _setup()
     prompt = _prompt(12, seed=3)
-    for _ in range(2):  # vLLM re-emits BlockStored for prefix-cache hits
+    for _ in range(2):
         index.apply(BlockStored((1, 2, 3), None, tuple(prompt), BS))
+    assert _cached(manager, prompt) == 12
+    index.apply(BlockRemoved((3,)))  # one copy evicted: the other still serves a hit
     assert _cached(manager, prompt) == 12
     index.apply(BlockRemoved((3,)))
     assert _cached(manager, prompt) == 8
+    index.apply(BlockRemoved((3,)))  # no copy left
+    assert index.stats.unknown_removed == 1
 
 
 def test_hybrid_state_groups_are_snapshots() -> None:

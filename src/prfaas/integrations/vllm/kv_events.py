@@ -7,7 +7,11 @@ msgpack KVEventBatch [ts, events, dp_rank]); each event a map tagged `type`: Blo
 (block_hashes, parent_block_hash, token_ids, block_size, group_idx, kv_cache_spec_kind,
 extra_keys), BlockRemoved (block_hashes, group_idx) or AllBlocksCleared. They are translated
 by `cache.block_events.EngineBlockIndex` (vLLM's block hashes -> our chained hashes, through
-the token ids the stored events carry), which reports inserts and evictions to the manager.
+the token ids the stored events carry), which reports inserts and evictions to the manager; a
+batch is applied whole, since a hybrid model's state groups name blocks that its attention
+group's event, later in the batch, places. The topology's `block_size_tokens` must be vLLM's
+real block size (vLLM raises a hybrid model's to fit its state page: 256 for vllm-local.yaml's
+tiny Qwen3-Next); an event in another size is logged once per instance and counted unplaced.
 
 PUB/SUB drops silently (a slow subscriber past the high-water mark, a reconnect, an instance
 restart, which starts its numbering over): the sequence number shows it, and a gap resets that
@@ -99,6 +103,7 @@ class VllmKvEvents:
                         for name in self.endpoints}
         self._last_seq: dict[str, int] = {}
         self.bad_batches = 0
+        self._size_warned: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._ctx: Any = None
 
@@ -129,7 +134,15 @@ class VllmKvEvents:
             index.reset()
             return
         for event in events:
-            index.apply(event)
+            if isinstance(event, BlockStored) and \
+                    event.block_size_tokens != index.block_size_tokens and \
+                    name not in self._size_warned:
+                self._size_warned.add(name)
+                log.warning("KV events of %s: vLLM's block size is %d tokens, the topology's "
+                            "vllm.block_size_tokens %d: no event can be placed; set it to %d",
+                            name, event.block_size_tokens, index.block_size_tokens,
+                            event.block_size_tokens)
+        index.apply_batch(events)  # whole: a hybrid step's state events precede its attention's
 
     def start(self) -> None:
         import zmq
