@@ -106,3 +106,37 @@ def test_sequence_gap_resets_and_extra_keys_are_not_counted() -> None:
     assert _cached(manager, prompt) == 0
     sub.handle("prfaas-0", 4, b"\xc1not msgpack")
     assert sub.bad_batches == 1 and sub.indexes["prfaas-0"].stats.resets == 2
+
+
+def test_a_hybrid_batch_is_applied_whole_and_a_wrong_block_size_is_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's own BlockStored structs as a hybrid step sends them: the GDN group's event (the
+    step's tokens, a hash only for the block whose state it kept) before the attention group's
+    that names that hash. The subscriber places the state (batch applied whole); a subscriber
+    in another block size places nothing and says so once."""
+    import msgspec
+
+    prompt = [random.Random(2).randrange(3, 1000) for _ in range(2 * BS)]
+    from vllm.distributed.kv_events import BlockStored
+
+    common = {"parent_block_hash": None, "token_ids": prompt, "block_size": BS,
+              "lora_id": None, "medium": "GPU", "lora_name": None}
+    state = BlockStored(block_hashes=[2], group_idx=0, kv_cache_spec_kind="mamba", **common)
+    attn = BlockStored(block_hashes=[1, 2], group_idx=1, kv_cache_spec_kind="full_attention",
+                       **common)
+    payload = msgspec.msgpack.Encoder().encode(_batch(state, attn))
+    manager = _manager()
+    sub = VllmKvEvents({"prfaas-0": "tcp://127.0.0.1:1"}, manager, BS)
+    sub.handle("prfaas-0", 0, payload)
+    assert _cached(manager, prompt) == 2 * BS  # state after block 2 placed: a hit there
+    assert sub.indexes["prfaas-0"].stats.unplaced_blocks == 0
+
+    other = GlobalKVCacheManager(2 * BS)
+    other.add_instance("prfaas-0", "prfaas")
+    wrong = VllmKvEvents({"prfaas-0": "tcp://127.0.0.1:1"}, other, 2 * BS)
+    with caplog.at_level("WARNING", logger="prfaas.integrations.vllm.kv_events"):
+        wrong.handle("prfaas-0", 0, payload)
+        wrong.handle("prfaas-0", 1, payload)
+    said = [r.getMessage() for r in caplog.records if "block size" in r.getMessage()]
+    assert len(said) == 1 and f"block size is {BS} tokens" in said[0], said
+    assert wrong.indexes["prfaas-0"].stats.unplaced_blocks == 6
