@@ -22,6 +22,7 @@ requests converted to scenario units run through the multi-cluster simulator
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -252,7 +253,6 @@ def simulated(setup: RegionsSetup, workloads: Mapping[str, Workload]) -> dict[st
 
 
 def gateway_status(dep: RegionsDeployment, region: str) -> dict[str, Any]:
-    import json
     import urllib.request
 
     with urllib.request.urlopen(f"{dep.gateway_url(region)}/status", timeout=5) as resp:
@@ -343,3 +343,70 @@ def with_policy(setup: RegionsSetup, share_policy: str) -> RegionsSetup:
     return replace(setup, share_policy=share_policy,
                    gateway=replace(setup.gateway, share_policy=share_policy))
 
+
+
+# `prfaas reproduce --live --quick` on a multi-cluster scenario deploys its half-size twin when
+# it has one: the live scale of this one host (the scenario file says so)
+QUICK_TWIN = {"two-regions": "two-regions-live"}
+REPRODUCE_SCALES = Scales(time=0.5, bytes=2e-3, tokens=8, output=64)
+
+
+def reproduce_regions_live(scenario: str, out_dir: Path, quick: bool,
+                           scales: Scales | None = None, load: float = 0.8,
+                           tick: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Every region at `load` x its planned rate (120 scenario s; 240 without --quick), live
+    and simulated on the same requests: per region throughput, TTFT P50 / P90 and offload,
+    the gateway's per-tenant figures; live.json and regions_live_vs_sim.png in `out_dir`."""
+    deployed_name = QUICK_TWIN.get(scenario, scenario) if quick else scenario
+    setup = regions_setup(deployed_name, scales or REPRODUCE_SCALES)
+    duration = 120.0 if quick else 240.0
+    rates = {k: v * load for k, v in setup.planned_rps().items()}
+    work = setup.workloads(rates, duration, seed=0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with setup.deployment() as dep:
+        tick("deployment up")
+        live = run_live(setup, dep, work, 0)
+        tick("live run done")
+        gateway = gateway_status(dep, next(iter(rates)))
+    sim = simulated(setup, work)["pd_clusters"]
+    result = {
+        "scenario": scenario, "deployed": deployed_name, "backend": "emulated",
+        "link_emulation": "netns: one tc-tbf veth per region (rate only; RTT/loss not "
+                          "emulated)",
+        "scales": setup.scaled.scales.to_json(), "load": load, "duration_s": duration,
+        "planned_rps": {k: round(v, 4) for k, v in setup.planned_rps().items()},
+        "plan": setup.plan.to_json(), "share_policy": setup.share_policy,
+        "regions": {k: {"live": run_stats(r, setup.a), "sim": sim[k]} for k, r in live.items()},
+        "gateway": gateway, "wall_s": round(time.time() - t0, 1),
+        "loadavg_1m_end": os.getloadavg()[0],
+        "units": "rates in scenario req/s, times in scenario s (live / scales.time)"}
+    (out_dir / "live.json").write_text(json.dumps(result, indent=1) + "\n")
+    result["plot"] = str(regions_plot(result, out_dir / "regions_live_vs_sim.png"))
+    return result
+
+
+def regions_plot(result: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["regions"])
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    x = np.arange(len(names))
+    for ax, key, label in ((axes[0], "throughput_rps", "throughput (scenario req/s)"),
+                           (axes[1], "ttft_p90_s", "TTFT P90 (scenario s)")):
+        for j, side in enumerate(("live", "sim")):
+            vals = [result["regions"][n][side][key] or 0.0 for n in names]
+            ax.bar(x + (j - 0.5) * 0.38, vals, 0.38,
+                   label="live (emulated)" if side == "live" else "simulator, same requests")
+        ax.set_xticks(x, names)
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{result['deployed']}: each region at {result['load']:.0%} of its plan, "
+                 f"live vs simulated", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
