@@ -47,7 +47,8 @@ from prfaas.sim.regions_run import build_regions, simulate_regions
 from prfaas.workload.arrivals import make_arrivals
 from prfaas.workload.requests import Workload, synthetic
 
-REQUEST_TIMEOUT_S = 900.0
+REQUEST_TIMEOUT_S = 900.0  # the routers' and the gateway's prefill wait
+CLIENT_TIMEOUT_S = 300.0  # one request at the load generator (then counted failed)
 CONNECTIONS = 4
 QUANTUM_TOKENS = 8192.0  # the simulator's DRR quantum (scenario tokens)
 
@@ -201,7 +202,7 @@ def run_live(setup: RegionsSetup, dep: RegionsDeployment, workloads: Mapping[str
             await asyncio.to_thread(action)
 
         loads = [run_load(dep.url(n), setup.model_name, prompts(workloads[n], seed + i),
-                          [float(a) for a in workloads[n].arrival_s], REQUEST_TIMEOUT_S)
+                          [float(a) for a in workloads[n].arrival_s], CLIENT_TIMEOUT_S)
                  for i, n in enumerate(names)]
         done = await asyncio.gather(*loads, *(fault(t, f) for t, f in faults))
         return [d for d in done[:len(names)] if d is not None]
