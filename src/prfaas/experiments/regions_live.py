@@ -293,6 +293,8 @@ def partition_run(setup: RegionsSetup, dep: RegionsDeployment, *, cut: str, load
         before = window_stats(run, t_cut - window_s * a, t_cut, a)
         during = window_stats(run, t_cut, t_heal, a)
         out["regions"][name] = {"before": before, "during": during, "run": run_stats(run, a)}
+    # the simulator on the same requests without the cut: what the live run is set beside
+    out["sim_no_cut"] = simulated(setup, work)["pd_clusters"]
     for name, reg in out["regions"].items():
         if name == cut:
             continue
