@@ -43,6 +43,7 @@ from prfaas.serve.deploy.regions import GATEWAY, RegionsDeployment, RegionSpec
 from prfaas.serve.gateway import GatewayConfig, TenantSpec
 from prfaas.serve.resilience import AdmissionSpec
 from prfaas.serve.topology import LinkSpec, Timeouts, Topology, WorkerSpec
+from prfaas.sim.regions import RegionsSimulator
 from prfaas.sim.regions_run import build_regions, simulate_regions
 from prfaas.workload.arrivals import make_arrivals
 from prfaas.workload.requests import Workload, synthetic
@@ -293,8 +294,23 @@ def partition_run(setup: RegionsSetup, dep: RegionsDeployment, *, cut: str, load
         before = window_stats(run, t_cut - window_s * a, t_cut, a)
         during = window_stats(run, t_cut, t_heal, a)
         out["regions"][name] = {"before": before, "during": during, "run": run_stats(run, a)}
-    # the simulator on the same requests without the cut: what the live run is set beside
+    # the simulator on the same requests without the cut: what the live run is set beside,
+    # and the same two windows of it (how much they differ with no fault at all)
     out["sim_no_cut"] = simulated(setup, work)["pd_clusters"]
+    sim = RegionsSimulator(build_regions(setup.scenario, setup.plan, setup.share_policy,
+                                         controller=False),
+                           {k: setup.to_scenario_units(w) for k, w in work.items()}).run()
+    out["sim_no_cut_windows"] = {}
+    for reg in sim.regions:
+        arr = reg.work.arrival_s * a  # (live seconds, as the windows)
+        srun = RegionRun(arr, reg.kv_at * a, reg.kv_at * a, reg.finish * a, reg.offloaded,
+                         np.isfinite(reg.finish), np.zeros(arr.size), ())
+        b = window_stats(srun, t_cut - window_s * a, t_cut, a)
+        d = window_stats(srun, t_cut, t_heal, a)
+        out["sim_no_cut_windows"][reg.setup.name] = {
+            "before": b, "during": d,
+            "ttft_ratio": {k: round(d[k] / b[k], 4) if b[k] and d[k] is not None else None
+                           for k in ("ttft_p50_s", "ttft_p90_s", "ttft_mean_s")}}
     for name, reg in out["regions"].items():
         if name == cut:
             continue
