@@ -9,11 +9,11 @@ objects, one router per region at its planned t. Scales: time 0.5 (one live s = 
 work), bytes 2e-3, tokens / 8, output tokens / 64. Figures in scenario units.
 
 Sections (each on a fresh deployment, written to the JSON as it finishes):
-- `partition`: both regions at PARTITION_LOAD x plan; the far region's link down for 60 scenario s; the
-  near region's TTFT (arrival to KV at its decoder) P50 / P90 / mean in the 60 s before and the
-  60 s of the cut, by arrival time. Must show: within 10% of before. Beside it, the simulator on
-  the same requests without the cut, and its own ratio of the same two windows (the windows'
-  spread with no fault).
+- `partition`: both regions at PARTITION_LOAD x plan; the far region's link down for 60
+  scenario s; the near region's TTFT (arrival to KV at its decoder) P50 / P90 / mean in the 60 s
+  before and the 60 s of the cut, by arrival time. Must show: within 10% of before. Beside it,
+  the simulator on the same requests without the cut, and its own ratio of the same two windows
+  (the windows' spread with no fault).
 - `fairness_drr`, `fairness_fcfs`: the fair run (both at LOAD x plan) and the far region at 3x
   its plan, the near region at LOAD x plan; the near region's throughput and P90 TTFT over the
   fair run's, live and simulated (same requests, controller off). Must show with DRR: >= 0.90
