@@ -20,7 +20,7 @@ Sections (each on a fresh deployment, written to the JSON as it finishes):
   and <= 1.25; FCFS is the negative control.
 
 Run: flock /work/heavy.lock .venv/bin/python benchmarks/bench_regions_live.py [--quick]
-     [--only partition|fairness]
+     [--only partition|fairness] [--fairness-s S]
 Writes benchmarks/results/regions_live.json (--quick: regions_live_quick.json).
 """
 
@@ -56,13 +56,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=("partition", "fairness"), default=None)
+    parser.add_argument("--fairness-s", type=float, default=240.0,
+                        help="scenario seconds of arrivals per fairness run")
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     out_path = ROOT / "benchmarks/results" / ("regions_live_quick.json" if args.quick
                                               else "regions_live.json")
     result: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}
     window_s, warmup_s = (30.0, 30.0) if args.quick else (60.0, 60.0)
-    duration_s = 120.0 if args.quick else 240.0
+    duration_s = 120.0 if args.quick else args.fairness_s
     setup = regions_setup(SCENARIO, SCALES)
     result.update({
         "command": " ".join(["bench_regions_live.py", *sys.argv[1:]]),
