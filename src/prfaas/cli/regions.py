@@ -169,8 +169,12 @@ def reproduce_live_command(scenario: str, folder: Path, quick: bool,
         lv, sm = r["live"], r["sim"]
         table.add_row(name, f"{lv['offered_rps']:.3f}",
                       f"{lv['throughput_rps']:.3f} / {sm['throughput_rps']:.3f}",
-                      f"{lv['ttft_p50_s']} / {sm['ttft_p50_s']}",
-                      f"{lv['ttft_p90_s']} / {sm['ttft_p90_s']}",
+                      f"{_s(lv['ttft_p50_s'])} / {_s(sm['ttft_p50_s'])}",
+                      f"{_s(lv['ttft_p90_s'])} / {_s(sm['ttft_p90_s'])}",
                       f"{lv['offload_fraction']:.3f} / {sm['offload_fraction']:.3f}")
     console.print(table)
     console.print(f"wrote live.json and {Path(result['plot']).name} to {folder}")
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
