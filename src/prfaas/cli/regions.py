@@ -146,3 +146,35 @@ def reproduce_command(s: Scenario, folder: Path) -> None:
     result["wall_s"] = round(time.perf_counter() - started, 2)
     (folder / "results.json").write_text(dumps(result) + "\n")
     console.print(f"wrote {', '.join(result['plots'])} and results.json to {folder}")
+
+
+def reproduce_live_command(scenario: str, folder: Path, quick: bool,
+                           scales_text: str | None) -> None:
+    """`reproduce --live` on a multi-cluster scenario (experiments/regions_live.py)."""
+    from prfaas.emulated.cli import parse_scales
+    from prfaas.experiments.regions_live import QUICK_TWIN, reproduce_regions_live
+
+    if quick and scenario in QUICK_TWIN:
+        console.print(f"--quick deploys {QUICK_TWIN[scenario]}: {scenario} at half size, the "
+                      "live scale of one host")
+    result = reproduce_regions_live(scenario, folder, quick,
+                                    parse_scales(scales_text) if scales_text else None,
+                                    tick=lambda label: console.print(label))
+    table = Table(title=f"{result['deployed']} live (emulated) vs simulator, same requests, "
+                        f"{result['load']:.0%} of each region's plan")
+    for col in ("region", "offered", "throughput live / sim", "TTFT P50 live / sim",
+                "TTFT P90 live / sim", "offload live / sim"):
+        table.add_column(col)
+    for name, r in result["regions"].items():
+        lv, sm = r["live"], r["sim"]
+        table.add_row(name, f"{lv['offered_rps']:.3f}",
+                      f"{lv['throughput_rps']:.3f} / {sm['throughput_rps']:.3f}",
+                      f"{_s(lv['ttft_p50_s'])} / {_s(sm['ttft_p50_s'])}",
+                      f"{_s(lv['ttft_p90_s'])} / {_s(sm['ttft_p90_s'])}",
+                      f"{lv['offload_fraction']:.3f} / {sm['offload_fraction']:.3f}")
+    console.print(table)
+    console.print(f"wrote live.json and {Path(result['plot']).name} to {folder}")
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

@@ -54,8 +54,10 @@ def command(scenario_name: str, out_dir: str, live: bool, quick: bool,
                           "`prfaas simulate --outage`)")
     if scenario.pd_clusters:
         if live:
-            raise ConfigError("--live", True, "several PD clusters run live is not built yet "
-                              "(issue 22 item 4); drop --live for the plan and simulation")
+            from prfaas.cli.regions import reproduce_live_command
+
+            reproduce_live_command(scenario_name, Path(out_dir), quick, scales_text)
+            return
         from prfaas.cli.regions import reproduce_command
 
         reproduce_command(scenario, Path(out_dir))

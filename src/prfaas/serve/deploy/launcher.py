@@ -47,10 +47,17 @@ class DeploymentError(PrfaasError):
 class Deployment:
     def __init__(self, topology: Topology, log_dir: str | Path | None = None,
                  start_timeout_s: float = 300.0, external: frozenset[str] = frozenset(),
-                 log: Callable[[str], None] | None = None, api_key: str | None = None) -> None:
-        """`api_key`: the router requires it (passed in its environment, never on disk)."""
+                 log: Callable[[str], None] | None = None, api_key: str | None = None,
+                 router_env: dict[str, str] | None = None,
+                 local_hosts: frozenset[str] = frozenset()) -> None:
+        """`api_key`: the router requires it (passed in its environment, never on disk);
+        `router_env`: more of the router's environment (e.g. its tenant key for a shared
+        PrfaaS gateway); `local_hosts`: more addresses of this host whose workers it starts
+        (e.g. the host ends of serve/deploy/regions.py's links)."""
         self.requested = topology
         self.api_key = api_key
+        self.router_env = dict(router_env or {})
+        self.local_hosts = local_hosts
         self._probe_tls = _probe_context(topology)  # checks every certificate up front
         self.topology = topology.with_ports()
         self.netns: NetnsLink | None = None  # link.emulation: netns (created by start)
@@ -78,7 +85,7 @@ class Deployment:
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self._path
-        local = set(LOCAL_HOSTS)
+        local = set(LOCAL_HOSTS) | self.local_hosts
         try:
             if self.requested.link.emulation == "netns":
                 rate = self.requested.link.rate_gbps
@@ -146,6 +153,8 @@ class Deployment:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if name == "router" and self.api_key is not None:
             env[API_KEY_ENV] = self.api_key
+        if name == "router":
+            env.update(self.router_env)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         self.procs[name] = proc

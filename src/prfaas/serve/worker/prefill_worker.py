@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -94,7 +96,7 @@ class PrefillWorker:
                      "sent_bytes": sample.total_sent_bytes},
         })
 
-    async def prefill(self, request: web.Request) -> web.Response:
+    async def prefill(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await read_body(request)
             rid = get_int(body, "request_id")
@@ -112,25 +114,41 @@ class PrefillWorker:
                                     f"the prompt length {len(token_ids)}")
         except ProtocolError as exc:
             return error_reply(400, "bad_request", str(exc))
+        # `progress`: an NDJSON reply whose first line `{"event": "computed"}` is written when
+        # the engine is free again (the compute is done; the KV tail may still be crossing),
+        # then one line with the reply or {"error": ..., "status": N}. The PrfaaS tenant
+        # gateway (serve/gateway.py) uses it to give the engine its next job at once.
+        stream: web.StreamResponse | None = None
+
+        async def computed() -> None:
+            nonlocal stream
+            if body.get("progress") is True:
+                stream = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+                await stream.prepare(request)
+                await stream.write(b'{"event": "computed"}\n')
+
         try:
             nonce = body.get("nonce") or ""
             if not isinstance(nonce, str):
                 raise ProtocolError("nonce", nonce, "must be the decoder's challenge string")
             reply = await self._run(rid, token_ids, ship_from, (dest["host"], port), deadline_s,
-                                    nonce, prompt_k)
+                                    nonce, prompt_k, computed)
         except ProtocolError as exc:
-            return error_reply(400, "bad_request", str(exc))
+            return await _answer(stream, error_reply(400, "bad_request", str(exc)))
         except ConfigError as exc:
-            return error_reply(400, "bad_request", str(exc))
+            return await _answer(stream, error_reply(400, "bad_request", str(exc)))
         except TransportError as exc:
             self.failed_transfers += 1
             await self._drop_sender((dest["host"], port))
-            return error_reply(502, "transfer_failed", f"{type(exc).__name__}: {exc}")
-        return web.json_response(reply)
+            return await _answer(stream, error_reply(502, "transfer_failed",
+                                                     f"{type(exc).__name__}: {exc}"))
+        return await _answer(stream, web.json_response(reply))
 
     async def _run(self, rid: int, token_ids: list[int], ship_from: int,
                    dest: tuple[str, int], deadline_s: float, nonce: str,
-                   prompt_k: int | None = None) -> dict[str, Any]:
+                   prompt_k: int | None = None,
+                   on_computed: Callable[[], Awaitable[None]] | None = None
+                   ) -> dict[str, Any]:
         t_arrive = time.perf_counter()
         sender = await self._sender(dest)
         builder = ManifestBuilder(Binding(rid, nonce, self.model_id,
@@ -150,6 +168,8 @@ class PrefillWorker:
             finally:
                 self.running = 0
         t_computed = time.perf_counter()
+        if on_computed is not None:
+            await on_computed()
         try:  # the tail of the layer stream, outside the engine lock, within the KV deadline
             kv_bytes = await asyncio.wait_for(
                 self._tail(pump, sender, builder, rid, result, ship_from, len(token_ids)),
@@ -259,6 +279,18 @@ class PrefillWorker:
     async def _close(self, _: web.Application) -> None:
         for dest in list(self._senders):
             await self._drop_sender(dest)
+
+
+async def _answer(stream: web.StreamResponse | None, reply: web.Response) -> web.StreamResponse:
+    """`reply` as is, or as the last line of a progress stream already begun."""
+    if stream is None:
+        return reply
+    body = json.loads(reply.text or "{}")
+    if reply.status != 200:
+        body = {**body, "status": reply.status}
+    await stream.write(json.dumps(body).encode() + b"\n")
+    await stream.write_eof()
+    return stream
 
 
 async def _ship(sender: KVSender, builder: ManifestBuilder, rid: int, layer: int, kind: str,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,12 +27,17 @@ from prfaas.serve.router.backends.base import (
 )
 from prfaas.serve.topology import WorkerSpec
 
+TENANT_KEY_ENV = "PRFAAS_TENANT_KEY"  # (serve/gateway.py reads the same name)
+
 
 class NativeBackend(WorkerBackend):
     name = "native"
 
     def __init__(self, session: aiohttp.ClientSession, **_: object) -> None:
         self.session = session
+        # a PD cluster's key for a shared PrfaaS cluster's gateway (serve/gateway.py)
+        key = os.environ.get(TENANT_KEY_ENV)
+        self._prfaas_headers = {"Authorization": f"Bearer {key}"} if key else None
 
     async def run(self, attempt: Attempt, report: AttemptReport) -> AsyncIterator[TokenEvent]:
         a, dec = attempt, attempt.decode
@@ -92,8 +98,10 @@ class NativeBackend(WorkerBackend):
             body["prompt_logprobs"] = a.sampling["prompt_logprobs"]
         timeout = aiohttp.ClientTimeout(total=a.prefill_s, sock_connect=a.connect_s)
         try:
+            headers = self._prfaas_headers if pre.role == "prfaas" else None
             async with self.session.post(f"{pre.url}/prefill", json=body, timeout=timeout,
-                                         server_hostname=pre.tls_name) as resp:
+                                         server_hostname=pre.tls_name,
+                                         headers=headers) as resp:
                 reply: dict[str, Any] = await resp.json(content_type=None)
                 if resp.status != 200:
                     err = reply.get("error", {}) if isinstance(reply, dict) else {}

@@ -1,0 +1,97 @@
+"""Two PD clusters sharing one PrfaaS cluster, live (experiments/regions_live.py): each region's
+router, its own kernel-shaped link into the PrfaaS namespace, the tenant gateway. The
+mechanism at small scale (the 60 s partition and the fairness figures are
+benchmarks/bench_regions_live.py's): one region's link cut carries no KV while the other
+region's keeps crossing and every request of both completes; per-tenant and per-destination
+metrics; a prefill without a tenant key is refused."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from tiny_regions import write_regions
+
+from prfaas.emulated.scales import Scales
+from prfaas.experiments.regions_live import RegionRun, RegionsSetup, regions_setup, run_live
+from prfaas.serve.deploy.netns import namespaces, netns_available
+from prfaas.serve.deploy.regions import RegionsDeployment
+
+pytestmark = pytest.mark.skipif(not netns_available(),
+                                reason="needs root, ip and tc (one netns veth per region)")
+
+SCALES = Scales(time=0.5, bytes=1e-2, tokens=4, output=4)
+CUT = "east"  # the region that offloads about half its requests (west: ~8%)
+T_CUT_S, T_HEAL_S, END_S = 4.0, 9.0, 14.0  # live seconds
+MARGIN_S = 0.5  # the `ip link set down` command's own time
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[tuple[RegionsSetup, RegionsDeployment, dict[str, RegionRun], dict[str,
+                                                                                      Any]]]:
+    folder = tmp_path_factory.mktemp("regions")
+    setup = regions_setup(str(write_regions(folder)), SCALES)
+    before = set(namespaces())
+    with setup.deployment(folder / "logs") as dep:
+        rates = {k: 0.6 * v for k, v in setup.planned_rps().items()}
+        work = setup.workloads(rates, END_S / SCALES.time, seed=3)
+        marks: dict[str, float] = {}
+        runs = run_live(setup, dep, work, 3, [
+            (T_CUT_S, lambda: dep.partition(CUT, True)),
+            (T_HEAL_S, lambda: dep.partition(CUT, False))])
+        with urllib.request.urlopen(f"{dep.gateway_url('west')}/metrics", timeout=10) as r:
+            marks["metrics"] = r.read().decode()
+        try:
+            urllib.request.urlopen(urllib.request.Request(
+                f"{dep.gateway_url('west')}/prefill", data=b'{"token_ids": [1]}',
+                method="POST"), timeout=10)
+            marks["no_key_status"] = 200
+        except urllib.error.HTTPError as exc:
+            marks["no_key_status"] = exc.code
+        yield setup, dep, runs, marks
+    assert set(namespaces()) <= before  # the namespace and its veths are gone
+
+
+def _remote_ready_in(run: RegionRun, lo_s: float, hi_s: float) -> int:
+    """Requests prefilled on the PrfaaS cluster whose KV reached the decoder in [lo, hi)."""
+    return int((run.remote & (run.ready_s >= lo_s) & (run.ready_s < hi_s)).sum())
+
+
+def test_a_cut_link_carries_no_kv_and_the_other_region_keeps_crossing(live: Any) -> None:
+    _, _, runs, _ = live
+    cut, other = runs[CUT], runs["west"]
+    during = (T_CUT_S + MARGIN_S, T_HEAL_S)
+    assert _remote_ready_in(cut, *during) == 0
+    # the same count is not zero where KV does cross: before the cut (the negative control)
+    assert _remote_ready_in(cut, 0.0, T_CUT_S) > 0
+    assert _remote_ready_in(cut, T_HEAL_S, np.inf) > 0  # and again after it heals
+    # every request of both regions completes: the cut region's through its PD-P (retries)
+    for name, run in runs.items():
+        assert run.ok.all(), (name, run.errors)
+    sent_during = (other.arrival_s >= during[0]) & (other.arrival_s < during[1])
+    assert sent_during.sum() > 0 and other.ok[sent_during].all()
+
+
+def test_gateway_exports_per_tenant_and_per_destination_metrics(live: Any) -> None:
+    _, _, runs, marks = live
+    text = marks["metrics"]
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    for tenant in ("east", "west"):
+        assert f'prfaas_destination_egress_budget_gbps{{destination="{tenant}"}}' in values
+    ok_east = values['prfaas_tenant_requests_total{outcome="ok",tenant="east"}']
+    assert ok_east >= 1 and values['prfaas_destination_kv_bytes_total{destination="east"}'] > 0
+    # what the gateway counted for east is what east's client saw go remote (final route)
+    assert ok_east >= int(runs["east"].remote.sum())
+    assert values["prfaas_tenant_uncached_tokens_total{tenant=\"east\"}"] > 0
+
+
+def test_the_routers_carry_their_keys_and_a_keyless_prefill_is_refused(live: Any) -> None:
+    _, _, runs, marks = live
+    assert marks["no_key_status"] == 401
+    assert runs[CUT].remote.any()  # the router's key was accepted (a remote prefill ran)
