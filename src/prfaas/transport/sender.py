@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -303,8 +304,7 @@ class KVSender:
                     for f in batch:
                         await with_timeout(stream.chan.send_frame(f.header_bytes(), f.payload),
                                            timeout_s, what)
-                for f in batch:
-                    await self._sent(stream, f)
+                await self._sent(stream, batch)
         except (TransportError, OSError) as exc:
             await self._fail(translate(exc, what))
 
@@ -317,20 +317,24 @@ class KVSender:
             nbytes += batch[-1].nbytes
         return batch
 
-    async def _sent(self, stream: _Stream, frame: _Frame) -> None:
-        n = frame.nbytes
-        stream.queued_bytes -= n
-        stream.sent_bytes += n
-        stream.sent_frames += 1
+    async def _sent(self, stream: _Stream, batch: list[_Frame]) -> None:
+        """Account a written batch; waiters for space wake once per batch, not per frame."""
+        total = 0
+        for frame in batch:
+            n = frame.nbytes
+            total += n
+            stream.sent_frames += 1
+            req = self._requests[frame.request_id]
+            req.unsent_frames -= 1
+            if req.unsent_frames == 0:
+                req.drained.set()
+        stream.queued_bytes -= total
+        stream.sent_bytes += total
         if self.monitor is not None:
-            self.monitor.remove_pending(n)
-            self.monitor.record_sent(n)
-        req = self._requests[frame.request_id]
-        req.unsent_frames -= 1
-        if req.unsent_frames == 0:
-            req.drained.set()
+            self.monitor.remove_pending(total)
+            self.monitor.record_sent(total)
         async with self._space:
-            self._inflight_bytes -= n
+            self._inflight_bytes -= total
             self._space.notify_all()
 
     async def _fail(self, exc: TransportError) -> None:
@@ -341,5 +345,10 @@ class KVSender:
 
 
 def _send_batch_sync(chan: Channel, batch: list[_Frame], timeout_s: float) -> None:
-    """Worker thread: seal the headers (payload CRCs, GIL released) and write the batch."""
-    chan.send_parts_sync([p for f in batch for p in (f.header_bytes(), f.payload)], timeout_s)
+    """Worker thread: write the batch, sealing each header (its payload CRC, GIL released) just
+    before its frame goes out, so the kernel's copy reads a payload the CRC pass has just
+    brought into this core's cache (sealing the whole batch first read 8 MiB from memory
+    twice). Frames already sealed (END, ABORT) go with it unchanged."""
+    deadline = time.monotonic() + timeout_s
+    for f in batch:
+        chan.send_parts_sync([f.header_bytes(), f.payload], deadline - time.monotonic())
