@@ -332,7 +332,7 @@ class KVReceiver:
             nxt = self._next_data(conn, head_bytes)
             if nxt is None:
                 return h, into, got, head_bytes, crc
-            self._chunk_arrived_sync(loop, conn, h)
+            self._chunk_arrived_sync(loop, conn, h, len(into))
             h, into = nxt
 
     def _next_data(self, conn: _Conn, head_bytes: int) -> tuple[FrameHeader, memoryview] | None:
@@ -359,12 +359,12 @@ class KVReceiver:
         return h, view
 
     def _chunk_arrived_sync(self, loop: asyncio.AbstractEventLoop, conn: _Conn,
-                            h: FrameHeader) -> None:
+                            h: FrameHeader, wire_bytes: int) -> None:
         """Payload thread: count a chunk it went on from (under the lock, as the loop would);
         only a completed tensor wakes the loop (for `on_tensor`), not every chunk: a loop
         wake-up per 1 MiB chunk cost a self-pipe write, an epoll round and a GIL hand-over."""
         conn.chained_frames += 1
-        conn.chained_bytes += HEADER_BYTES + h.chunk_bytes
+        conn.chained_bytes += HEADER_BYTES + wire_bytes
         with self._lock:
             asm = self._assemblies.get(h.request_id)
             if asm is None or asm.finished:  # failed meanwhile: its buffers are gone

@@ -304,7 +304,8 @@ class KVSender:
                     for f in batch:
                         await with_timeout(stream.chan.send_frame(f.header_bytes(), f.payload),
                                            timeout_s, what)
-                await self._sent(stream, batch)
+                for f in batch:
+                    await self._sent(stream, f)
         except (TransportError, OSError) as exc:
             await self._fail(translate(exc, what))
 
@@ -317,24 +318,20 @@ class KVSender:
             nbytes += batch[-1].nbytes
         return batch
 
-    async def _sent(self, stream: _Stream, batch: list[_Frame]) -> None:
-        """Account a written batch; waiters for space wake once per batch, not per frame."""
-        total = 0
-        for frame in batch:
-            n = frame.nbytes
-            total += n
-            stream.sent_frames += 1
-            req = self._requests[frame.request_id]
-            req.unsent_frames -= 1
-            if req.unsent_frames == 0:
-                req.drained.set()
-        stream.queued_bytes -= total
-        stream.sent_bytes += total
+    async def _sent(self, stream: _Stream, frame: _Frame) -> None:
+        n = frame.nbytes
+        stream.queued_bytes -= n
+        stream.sent_bytes += n
+        stream.sent_frames += 1
         if self.monitor is not None:
-            self.monitor.remove_pending(total)
-            self.monitor.record_sent(total)
+            self.monitor.remove_pending(n)
+            self.monitor.record_sent(n)
+        req = self._requests[frame.request_id]
+        req.unsent_frames -= 1
+        if req.unsent_frames == 0:
+            req.drained.set()
         async with self._space:
-            self._inflight_bytes -= total
+            self._inflight_bytes -= n
             self._space.notify_all()
 
     async def _fail(self, exc: TransportError) -> None:
