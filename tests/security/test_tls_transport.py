@@ -5,6 +5,7 @@ that is not an accepted sender; each refusal is counted and logged with the peer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import ssl
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from security_helpers import Certs
 
+from prfaas.core.errors import TransportError
 from prfaas.security.tls import Identity
 from prfaas.transport import KVReceiver, KVSender, SenderConfig
 from prfaas.transport.errors import BadHeader
@@ -173,5 +175,61 @@ def test_request_failed_mid_transfer_drops_in_flight_chunks_and_links_stay_up() 
                 kv = await rx.wait_request(2, timeout_s=20)
             assert kv.layers[0]["kv_c"].tobytes() == big.tobytes()
             assert rx.stats.connections_failed == 0, rx.errors
+
+    run(body())
+
+
+async def _flipping_proxy(target_port: int, flip_at: int | None) -> asyncio.Server:
+    """A TCP relay to `target_port` that flips one bit of the client's stream at byte
+    `flip_at` (None: relays faithfully, the control)."""
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, flip: int | None
+                   ) -> None:
+        seen = 0
+        try:
+            while data := await src.read(65536):
+                if flip is not None and seen <= flip < seen + len(data):
+                    changed = bytearray(data)
+                    changed[flip - seen] ^= 0x01
+                    data = bytes(changed)
+                seen += len(data)
+                dst.write(data)
+                await dst.drain()
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target_port)
+        await asyncio.gather(pipe(reader, up_writer, flip_at), pipe(up_reader, writer, None))
+
+    return await asyncio.start_server(relay, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_tls_data_frames_carry_no_crc_yet_a_flipped_ciphertext_bit_fails_the_request(
+        certs: Certs, flip: bool) -> None:
+    """Over TLS the sender leaves the payload CRC off (wire.py: the record's AEAD tag covers
+    every byte); one bit flipped on the wire inside a 256 KiB DATA payload (received by the
+    payload thread) must still fail the request. Control: the same relay, no flip, exact bytes."""
+    payload = np.random.default_rng(5).integers(0, 256, 512 * 1024, dtype=np.uint8)
+
+    async def body() -> None:
+        async with _receiver(certs) as rx:
+            relay = await _flipping_proxy(rx.port, 300_000 if flip else None)
+            port = relay.sockets[0].getsockname()[1]
+            tls = Identity.load(certs.dir, "prfaas-0").client_context()
+            cfg = SenderConfig(num_connections=1, chunk_bytes=256 * 1024)
+            with contextlib.suppress(TransportError):  # the receiver may hang up first
+                async with KVSender("127.0.0.1", port, cfg, tls=tls, server_name="pdd-0") as tx:
+                    await tx.send_array(9, 0, "mla", "kv_c", payload)
+                    await tx.finish(9)
+            if flip:
+                with pytest.raises(TransportError, match="TLS record from peer"):
+                    await rx.wait_request(9, timeout_s=10)
+            else:
+                kv = await rx.wait_request(9, timeout_s=10)
+                assert kv.layers[0]["kv_c"].tobytes() == payload.tobytes()
+            relay.close()
 
     run(body())

@@ -29,9 +29,9 @@ from prfaas.transport.wire import (
     FrameType,
     Kind,
     Limits,
-    checksum,
     data_header,
     encode_header,
+    payload_checksum,
 )
 
 RID = 21
@@ -47,7 +47,7 @@ def _header(**over: object) -> bytes:
     fields: dict[str, object] = dict(
         frame_type=FrameType.DATA, request_id=RID, layer=3, kind=Kind.MLA, name="kv",
         dtype=DType.UINT8, shape=(2048,), total_bytes=2048, chunk_offset=1024, chunk_bytes=1024,
-        payload_crc=checksum(PAYLOAD),
+        payload_crc=payload_checksum(PAYLOAD),
     )
     fields.update(over)
     return encode_header(FrameHeader(**fields))  # type: ignore[arg-type,unused-ignore]
@@ -64,7 +64,7 @@ CASES: dict[str, tuple[Callable[[], bytes], bool, type[TransportError], str]] = 
     "wrong_magic": (lambda: _chunk() + b"XXXX" + _header()[4:], False, BadMagic,
                     "magic=b'XXXX'"),
     "bad_checksum": (lambda: _chunk() + _corrupt_payload(), False, ChecksumMismatch,
-                     "payload crc32c"),
+                     "payload crc32 "),
     "short_read": (lambda: _chunk() + _chunk(1024)[:-500], True, ShortRead,
                    "after 524 of 1024 bytes"),
     "peer_gone": (lambda: _chunk(), True, PeerGone, r"request\(s\) \[21\] in flight"),

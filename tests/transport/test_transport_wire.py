@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from prfaas.transport.wire import (
     encode_header,
     end_frame,
     kind_code,
+    payload_checksum,
     trusted_request_id,
 )
 
@@ -49,7 +51,7 @@ def test_header_round_trip_keeps_every_field() -> None:
     raw = encode_header(h)
     assert len(raw) == HEADER_BYTES == 116
     assert raw[:4] == b"PKV1"
-    assert raw[4] == 2  # version
+    assert raw[4] == 3  # version
     assert decode_header(raw, LIMITS) == h
 
 
@@ -144,3 +146,17 @@ def test_dtype_and_kind_codes() -> None:
     assert kind_code("linear") == Kind.LINEAR
     with pytest.raises(BadHeader, match="kind='dense'"):
         kind_code("dense")
+
+
+def test_payload_checksum_is_crc32_and_header_checksum_crc32c() -> None:
+    """docs/wire-format.md names the two algorithms: the payload's is zlib's CRC-32 (here
+    computed by ISA-L, checked against zlib's own code), the header's CRC-32C (the iSCSI
+    check value of "123456789" is 0xE3069283; CRC-32's is 0xCBF43926)."""
+    data = np.random.default_rng(9).integers(0, 256, 3 * 2**20 + 7, dtype=np.uint8)
+    for view in (data.data, data[5:].data, memoryview(b"")):
+        assert payload_checksum(view) == zlib.crc32(view)
+    assert payload_checksum(b"123456789") == 0xCBF43926
+    assert checksum(b"123456789") == 0xE3069283
+    flipped = data.copy()
+    flipped[2**20] ^= 0x10
+    assert payload_checksum(flipped.data) != payload_checksum(data.data)

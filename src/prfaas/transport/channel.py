@@ -1,9 +1,9 @@
 """Byte channels over one non-blocking socket on the asyncio loop: plaintext, or TLS.
 
 `Channel` is the plaintext one (the loop's sock_recv_into / sock_sendall: receives land in the
-caller's buffer). `TlsChannel` runs an `ssl.SSLObject` over two memory BIOs: the loop moves
-ciphertext, OpenSSL decrypts straight into the caller's buffer and encrypts a whole frame in one
-call. Handshake failures (no certificate, one from another CA, a name the caller refuses) raise
+caller's buffer). `TlsChannel` is a non-blocking `ssl.SSLSocket`: OpenSSL moves the records
+itself and decrypts straight into the caller's buffer; the loop waits for readiness. Handshake
+failures (no certificate, one from another CA, a name the caller refuses) raise
 `TlsRefused` naming the peer. The transport never builds contexts: callers pass them in
 (prfaas.security.tls builds them from a topology's certificates).
 
@@ -26,10 +26,8 @@ from typing import Any
 
 from prfaas.core.errors import TransportError
 
-_SCRATCH_BYTES = 256 * 1024  # ciphertext read per recv: several 16 KiB TLS records
 _SLICE_S = 0.2  # longest single poll() in a worker thread
 _IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
-_TLS_SLICE_BYTES = 256 * 1024  # plaintext encrypted per step before it goes on the wire
 
 
 class TlsRefused(TransportError):
@@ -121,121 +119,133 @@ class Channel:
 
 
 class TlsChannel(Channel):
-    authenticated = True  # TLS 1.3 AEAD: every record is authenticated and encrypted
+    """TLS 1.3 over a non-blocking `ssl.SSLSocket`: OpenSSL reads and writes the socket itself,
+    as a plain TLS socket does (records go from the kernel into its buffer and are decrypted
+    into the caller's; a frame is encrypted and written by one SSL_write with the GIL
+    released). The loop only waits for readiness. Issue 23: over two memory BIOs every record
+    was copied twice more on each side (socket -> scratch -> BIO -> OpenSSL, and OpenSSL -> BIO
+    -> bytes -> socket), under the GIL for the BIO copies."""
 
-    def __init__(self, sock: socket.socket, obj: ssl.SSLObject, incoming: ssl.MemoryBIO,
-                 outgoing: ssl.MemoryBIO) -> None:
-        super().__init__(sock)
-        self.obj, self._in, self._out = obj, incoming, outgoing
-        self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
+    authenticated = True  # TLS 1.3 AEAD: every record is authenticated and encrypted
+    sock: ssl.SSLSocket
 
     @classmethod
     async def open(cls, sock: socket.socket, context: ssl.SSLContext, *, server_side: bool,
                    peer: str, server_hostname: str | None = None,
                    accept_name: Callable[[str | None], bool] | None = None) -> TlsChannel:
-        """Handshake on a connected socket; raises TlsRefused (the socket stays open)."""
-        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        obj = context.wrap_bio(incoming, outgoing, server_side=server_side,
-                               server_hostname=server_hostname)
-        chan = cls(sock, obj, incoming, outgoing)
+        """Handshake on a connected non-blocking socket (the channel takes it over); raises
+        TlsRefused, having closed it (a refusal's alert is already on the wire)."""
+        ssock = context.wrap_socket(sock, server_side=server_side,
+                                    server_hostname=server_hostname,
+                                    do_handshake_on_connect=False)
+        chan = cls(ssock)
+        try:
+            await chan._handshake(peer)
+            chan.peer_name = certificate_name(ssock.getpeercert())
+            if accept_name is not None and not accept_name(chan.peer_name):
+                raise TlsRefused(f"TLS with {peer}: certificate name {chan.peer_name!r} "
+                                 f"is not an accepted peer")
+        except BaseException:
+            chan.close()
+            raise
+        return chan
+
+    async def _handshake(self, peer: str) -> None:
         try:
             while True:
                 try:
-                    obj.do_handshake()
-                    break
+                    self.sock.do_handshake()
+                    return
                 except ssl.SSLWantReadError:
-                    await chan._flush()
-                    if not await chan._fill():
-                        raise TlsRefused(f"TLS with {peer}: peer closed during the handshake"
-                                         ) from None
-            await chan._flush()
+                    await self._ready(select.POLLIN)
+                except ssl.SSLWantWriteError:
+                    await self._ready(select.POLLOUT)
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError, ConnectionError) as exc:
+            raise TlsRefused(f"TLS with {peer}: peer closed during the handshake") from exc
         except ssl.SSLError as exc:
-            with contextlib.suppress(OSError):
-                await chan._flush()  # the alert, so the peer learns why
             raise TlsRefused(f"TLS with {peer}: {exc.reason or exc}") from exc
-        chan.peer_name = certificate_name(obj.getpeercert())
-        if accept_name is not None and not accept_name(chan.peer_name):
-            raise TlsRefused(f"TLS with {peer}: certificate name {chan.peer_name!r} "
-                             f"is not an accepted peer")
-        return chan
+
+    async def _ready(self, events: int) -> None:
+        """Wait on the loop until the socket is readable (POLLIN) or writable."""
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        fd = self.sock.fileno()
+        if events == select.POLLIN:
+            loop.add_reader(fd, _resolve, ready)
+        else:
+            loop.add_writer(fd, _resolve, ready)
+        try:
+            await ready
+        finally:
+            if events == select.POLLIN:
+                loop.remove_reader(fd)
+            else:
+                loop.remove_writer(fd)
 
     async def recv_into(self, view: memoryview) -> int:
         while True:
             try:
-                return int(self.obj.read(len(view), view))  # with a buffer: a count
+                return self.sock.recv_into(view)
             except ssl.SSLWantReadError:
-                if self._out.pending:  # e.g. a key update to answer
-                    await self._flush()
-                if not await self._fill():
-                    return 0
+                await self._ready(select.POLLIN)
+            except ssl.SSLWantWriteError:  # e.g. a key update to answer
+                await self._ready(select.POLLOUT)
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return 0
             except ssl.SSLError as exc:
                 raise TransportError(f"TLS record from peer: {exc.reason or exc}") from exc
 
     async def sendall(self, data: bytes | memoryview) -> None:
-        self._encrypt(data)
-        await self._flush()
+        view = memoryview(data).cast("B")
+        while view:
+            try:
+                view = view[self.sock.send(view):]
+            except ssl.SSLWantWriteError:  # retried with the same buffer, as OpenSSL requires
+                await self._ready(select.POLLOUT)
+            except ssl.SSLWantReadError:
+                await self._ready(select.POLLIN)
 
     async def send_frame(self, header: bytes, payload: bytes | memoryview) -> None:
-        self._encrypt(header)
-        self._encrypt(payload)
-        await self._flush()
+        await self.sendall(header + bytes(payload))  # small frames only: one record
 
-    def _encrypt(self, data: bytes | memoryview) -> None:
-        view = memoryview(data)
-        while view:  # a memory BIO never blocks a write: one call encrypts all of it
-            n = self.obj.write(view)
-            view = view[n:]
+    # --- worker-thread side ---
 
     def send_parts_sync(self, parts: list[bytes | memoryview], timeout_s: float) -> None:
-        """Encrypt and send in slices, so the wire (and the receiver) work while the next
-        slice is encrypted, as SSL_write on a socket would, instead of encrypting a whole
-        batch first."""
+        """Each part in one SSL_write (GIL released while OpenSSL encrypts and writes)."""
         deadline = time.monotonic() + timeout_s
         for part in parts:
             view = memoryview(part).cast("B")
-            for start in range(0, len(view), _TLS_SLICE_BYTES):
-                self._encrypt(view[start : start + _TLS_SLICE_BYTES])
-                if self._out.pending >= _TLS_SLICE_BYTES:
-                    super().send_parts_sync([self._out.read()], deadline - time.monotonic())
-        if self._out.pending:
-            super().send_parts_sync([self._out.read()], deadline - time.monotonic())
+            while view:
+                try:
+                    view = view[self.sock.send(view):]
+                except ssl.SSLWantWriteError:  # retried with the same buffer
+                    self._wait(select.POLLOUT, deadline)
+                except ssl.SSLWantReadError:
+                    self._wait(select.POLLIN, deadline)
 
     def try_recv_sync(self, view: memoryview) -> int:
         try:
-            return int(self.obj.read(len(view), view))  # with a buffer: a count
-        except ssl.SSLError:  # nothing decrypted yet (want read), or EOF: the loop finds out
-            return 0
+            return self.sock.recv_into(view)
+        except (ssl.SSLError, BlockingIOError):  # nothing decrypted yet, or EOF: the loop
+            return 0  # finds out
 
     def _recv_some_sync(self, view: memoryview, deadline: float) -> int:
         while True:
             try:
-                return int(self.obj.read(len(view), view))  # with a buffer: a count
+                return self.sock.recv_into(view)
             except ssl.SSLWantReadError:
-                if self._out.pending:
-                    super().send_parts_sync([self._out.read()], deadline - time.monotonic())
-                n = super()._recv_some_sync(self._scratch, deadline)
-                if n == 0:
-                    self._in.write_eof()
-                    return 0
-                self._in.write(self._scratch[:n])
+                self._wait(select.POLLIN, deadline)
+            except ssl.SSLWantWriteError:
+                self._wait(select.POLLOUT, deadline)
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return 0
             except ssl.SSLError as exc:
                 raise ConnectionError(f"TLS record from peer: {exc.reason or exc}") from exc
 
-    async def _flush(self) -> None:
-        if self._out.pending:
-            await asyncio.get_running_loop().sock_sendall(self.sock, self._out.read())
 
-    async def _fill(self) -> bool:
-        n = await asyncio.get_running_loop().sock_recv_into(self.sock, self._scratch)
-        if n == 0:
-            self._in.write_eof()
-            return False
-        self._in.write(self._scratch[:n])
-        return True
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def certificate_name(cert: Any) -> str | None:

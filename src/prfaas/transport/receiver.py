@@ -49,9 +49,9 @@ from prfaas.transport.wire import (
     FrameHeader,
     FrameType,
     Limits,
-    checksum,
     decode_end,
     decode_header,
+    payload_checksum,
     trusted_request_id,
 )
 
@@ -95,6 +95,8 @@ class _Conn:
     current_id: int | None = None  # request of the frame being read
     head: bytearray = field(default_factory=lambda: bytearray(HEADER_BYTES))
     head_bytes: int = 0  # of the next header, already read by the payload thread
+    chained_frames: int = 0  # frames the payload thread went on to, not yet in `stats`
+    chained_bytes: int = 0  # (headers included)
 
 
 @dataclass(slots=True)
@@ -298,15 +300,17 @@ class KVReceiver:
                 with contextlib.suppress(Exception):
                     await job
                 raise
+            finally:
+                self._count_chained(conn)
         else:
             got = await with_timeout(recv_exactly(conn.chan, into), self.config.frame_timeout_s,
                                      _what(h, conn))
         if got < len(into):
             raise ShortRead(f"{_what(h, conn)}: peer closed after {got} of {len(into)} bytes")
         if h.payload_checksummed:
-            crc = checksum(into) if crc is None else crc
+            crc = payload_checksum(into) if crc is None else crc
             if crc != h.payload_crc:
-                raise ChecksumMismatch(f"{_what(h, conn)}: payload crc32c {crc:#010x}, header "
+                raise ChecksumMismatch(f"{_what(h, conn)}: payload crc32 {crc:#010x}, header "
                                        f"says {h.payload_crc:#010x}")
         self.stats.received_bytes += HEADER_BYTES + len(into)
         return h
@@ -321,14 +325,14 @@ class KVReceiver:
         head = memoryview(conn.head)
         while True:
             got = conn.chan.recv_exactly_sync(into, self.config.frame_timeout_s)
-            crc = checksum(into) if h.payload_checksummed and got == len(into) else None
+            crc = payload_checksum(into) if h.payload_checksummed and got == len(into) else None
             if got < len(into) or (crc is not None and crc != h.payload_crc):
                 return h, into, got, 0, crc
             head_bytes = conn.chan.try_recv_sync(head)
             nxt = self._next_data(conn, head_bytes)
             if nxt is None:
                 return h, into, got, head_bytes, crc
-            loop.call_soon_threadsafe(self._chunk_arrived, h, True)
+            self._chunk_arrived_sync(loop, conn, h, len(into))
             h, into = nxt
 
     def _next_data(self, conn: _Conn, head_bytes: int) -> tuple[FrameHeader, memoryview] | None:
@@ -354,12 +358,36 @@ class KVReceiver:
         conn.current_id = h.request_id
         return h, view
 
-    def _chunk_arrived(self, h: FrameHeader, by_thread: bool = False) -> None:
+    def _chunk_arrived_sync(self, loop: asyncio.AbstractEventLoop, conn: _Conn,
+                            h: FrameHeader, wire_bytes: int) -> None:
+        """Payload thread: count a chunk it went on from (under the lock, as the loop would);
+        only a completed tensor wakes the loop (for `on_tensor`), not every chunk: a loop
+        wake-up per 1 MiB chunk cost a self-pipe write, an epoll round and a GIL hand-over."""
+        conn.chained_frames += 1
+        conn.chained_bytes += HEADER_BYTES + wire_bytes
+        with self._lock:
+            asm = self._assemblies.get(h.request_id)
+            if asm is None or asm.finished:  # failed meanwhile: its buffers are gone
+                return
+            array = asm.chunk_done(h)
+        if array is not None and self.on_tensor is not None:
+            loop.call_soon_threadsafe(self._tensor_arrived, h, array)
+
+    def _tensor_arrived(self, h: FrameHeader, array: np.ndarray) -> None:
+        asm = self._assemblies.get(h.request_id)
+        if asm is not None and not asm.finished:
+            self._notify(asm, h, array)
+
+    def _count_chained(self, conn: _Conn) -> None:
+        """On the loop: the payload thread's frames into `stats`."""
+        n, conn.chained_frames = conn.chained_frames, 0
+        self.stats.received_frames += n
+        self.stats.thread_frames += n
+        self.stats.received_bytes += conn.chained_bytes
+        conn.chained_bytes = 0
+
+    def _chunk_arrived(self, h: FrameHeader) -> None:
         """On the loop: count a received chunk; hand out its tensor once complete."""
-        if by_thread:  # a frame the payload thread went on to (the loop never saw it)
-            self.stats.received_frames += 1
-            self.stats.thread_frames += 1
-            self.stats.received_bytes += HEADER_BYTES + h.chunk_bytes
         asm = self._assemblies.get(h.request_id)
         if asm is None or asm.finished:  # failed while this chunk arrived (another connection,
             return  # a consumer callback): its buffers are gone, drop the chunk

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -341,5 +342,10 @@ class KVSender:
 
 
 def _send_batch_sync(chan: Channel, batch: list[_Frame], timeout_s: float) -> None:
-    """Worker thread: seal the headers (payload CRCs, GIL released) and write the batch."""
-    chan.send_parts_sync([p for f in batch for p in (f.header_bytes(), f.payload)], timeout_s)
+    """Worker thread: write the batch, sealing each header (its payload CRC, GIL released) just
+    before its frame goes out, so the kernel's copy reads a payload the CRC pass has just
+    brought into this core's cache (sealing the whole batch first read 8 MiB from memory
+    twice). Frames already sealed (END, ABORT) go with it unchanged."""
+    deadline = time.monotonic() + timeout_s
+    for f in batch:
+        chan.send_parts_sync([f.header_bytes(), f.payload], deadline - time.monotonic())
