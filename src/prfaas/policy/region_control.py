@@ -12,11 +12,14 @@
   While the PrfaaS wait exceeds `limit_s` and `ratio` x the PD-P wait, t rises by `step` (fewer
   offloads); while the PD-P wait exceeds `limit_s` and `ratio` x the PrfaaS wait, t falls by
   `step` (more offloads, down to `min_tokens`); when both waits are back under `limit_s / 4`, t
-  steps back toward the planned t. It is for sustained imbalance (a region over its plan, a
-  side lost), not for the queues' noise at the plan's edge: there both sides are critical (Eq.
-  7), waits of 10-40 s come and go, and moving t only hurts: with `limit_s` 20 s the simulated
-  capacity of the case study fell up to 4.6% below its plan in a manual run; with these defaults
-  it is within 1% (docs/multi-region.md), and a region at 3x its plan still moves t.
+  steps back toward the planned t. Given the caller's time (`now_s`), t moves at most once per
+  `hold_s` (default `limit_s`); stepping on every arrival ran t from 25,000 to its bounds in
+  seconds and made two-regions diverge at 99% of its plan (docs/multi-region.md). It is for
+  sustained imbalance (a region over its plan, a side lost), not for the queues' noise at the
+  plan's edge: there both sides are critical (Eq. 7), waits of 10-40 s come and go, and moving t
+  only hurts: with `limit_s` 20 s the simulated capacity of the case study fell up to 4.6%
+  below its plan in a manual run; with these defaults it is within 1% (docs/multi-region.md),
+  and a region at 3x its plan still moves t.
 
 Both read only their arguments (no clock): the simulator calls them and a live scheduler can.
 """
