@@ -103,3 +103,21 @@ def test_destination_threshold_follows_the_longer_wait_and_returns_to_plan() -> 
     for _ in range(200):
         ctl.update(prfaas_wait_s=1.0, local_wait_s=600.0)
     assert ctl.threshold_tokens == 127  # never below min_tokens
+
+
+def test_destination_threshold_moves_once_per_hold_given_the_time() -> None:
+    """With the caller's time, t moves at most once per hold_s (default limit_s): a move
+    shows in the backlogs only after about that long. Negative control: hold 0 moves on every
+    call, the previous rule that ran t to its bounds in one long wait."""
+    held = DestinationThreshold(planned_tokens=20_000, max_tokens=131_072, min_tokens=127)
+    free = DestinationThreshold(planned_tokens=20_000, max_tokens=131_072, min_tokens=127,
+                                hold_s=0.0)
+    assert held.hold_s == held.limit_s
+    for k in range(100):  # 100 arrivals in 10 s, each seeing a 200 s PrfaaS wait
+        held.update(prfaas_wait_s=200.0, local_wait_s=1.0, now_s=1000.0 + 0.1 * k)
+        free.update(prfaas_wait_s=200.0, local_wait_s=1.0, now_s=1000.0 + 0.1 * k)
+    assert held.changes == 1 and held.threshold_tokens == 22_000
+    assert free.changes == 20 and free.threshold_tokens == 131_072  # 1.1^20 x 20K > 128K
+    assert held.update(200.0, 1.0, now_s=1000.0 + held.limit_s) == 24_200  # a hold later
+    with pytest.raises(ConfigError):
+        DestinationThreshold(planned_tokens=1, max_tokens=2, hold_s=-1.0)

@@ -12,11 +12,14 @@
   While the PrfaaS wait exceeds `limit_s` and `ratio` x the PD-P wait, t rises by `step` (fewer
   offloads); while the PD-P wait exceeds `limit_s` and `ratio` x the PrfaaS wait, t falls by
   `step` (more offloads, down to `min_tokens`); when both waits are back under `limit_s / 4`, t
-  steps back toward the planned t. It is for sustained imbalance (a region over its plan, a
-  side lost), not for the queues' noise at the plan's edge: there both sides are critical (Eq.
-  7), waits of 10-40 s come and go, and moving t only hurts: with `limit_s` 20 s the simulated
-  capacity of the case study fell up to 4.6% below its plan in a manual run; with these defaults
-  it is within 1% (docs/multi-region.md), and a region at 3x its plan still moves t.
+  steps back toward the planned t. Given the caller's time (`now_s`), t moves at most once per
+  `hold_s` (default `limit_s`); stepping on every arrival ran t from 25,000 to its bounds in
+  seconds and made two-regions diverge at 99% of its plan (docs/multi-region.md). It is for
+  sustained imbalance (a region over its plan, a side lost), not for the queues' noise at the
+  plan's edge: there both sides are critical (Eq. 7), waits of 10-40 s come and go, and moving t
+  only hurts: with `limit_s` 20 s the simulated capacity of the case study fell up to 4.6%
+  below its plan in a manual run; with these defaults it is within 1% (docs/multi-region.md),
+  and a region at 3x its plan still moves t.
 
 Both read only their arguments (no clock): the simulator calls them and a live scheduler can.
 """
@@ -48,18 +51,32 @@ class DestinationThreshold:
     limit_s: float = 60.0
     step: float = 1.1
     ratio: float = 2.0
+    hold_s: float | None = None  # least time between two moves of t (None: limit_s)
     threshold_tokens: int = field(init=False)
     changes: int = field(default=0, init=False)
+    _moved_at_s: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.limit_s > 0 or not self.step > 1:
             raise ConfigError("threshold controller", (self.limit_s, self.step),
                               "need limit_s > 0 and step > 1")
+        if self.hold_s is None:
+            self.hold_s = self.limit_s
+        if not self.hold_s >= 0:
+            raise ConfigError("threshold controller hold_s", self.hold_s, "must be >= 0")
         self.threshold_tokens = self.planned_tokens
 
-    def update(self, prfaas_wait_s: float, local_wait_s: float) -> int:
-        """The threshold after seeing the two waits (call on each arrival)."""
+    def update(self, prfaas_wait_s: float, local_wait_s: float,
+               now_s: float | None = None) -> int:
+        """The threshold after seeing the two waits (call on each arrival). With `now_s` (the
+        caller's time, any epoch) t moves at most once per `hold_s`: a move changes only
+        where new arrivals go, so the backlogs it reacts to (>= limit_s of work) answer it
+        only after about that long; without the hold the rule stepped on every arrival and
+        ran t to its bounds within seconds of one long wait."""
         t = self.threshold_tokens
+        if (now_s is not None and self._moved_at_s is not None
+                and now_s - self._moved_at_s < (self.hold_s or 0.0)):
+            return t
         if prfaas_wait_s > self.limit_s and prfaas_wait_s > self.ratio * local_wait_s:
             t = min(self.max_tokens, max(int(t * self.step), t + 1))
         elif local_wait_s > self.limit_s and local_wait_s > self.ratio * prfaas_wait_s:
@@ -70,4 +87,5 @@ class DestinationThreshold:
         if t != self.threshold_tokens:
             self.changes += 1
             self.threshold_tokens = t
+            self._moved_at_s = now_s
         return t

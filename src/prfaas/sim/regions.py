@@ -133,7 +133,7 @@ class RegionsSimulator:
         t = reg.setup.threshold_tokens
         if self.cfg.controller:
             t = reg.control.update(self._prfaas_wait_s(reg),
-                                   reg.local_queued_s / max(reg.setup.n_p, 1))
+                                   reg.local_queued_s / max(reg.setup.n_p, 1), self.now_s)
         if (self.cfg.n_prfaas and reg.lengths[i] > t) or reg.setup.n_p == 0:
             reg.offloaded[i] = True
             reg.prfaas_queued_s += reg.prfaas_s[i]

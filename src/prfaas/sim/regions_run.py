@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from prfaas.core.errors import UnknownNameError
+from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.planner.regions import MultiPlan
 from prfaas.scenario import Scenario
 from prfaas.sim.capacity import search_rates
@@ -103,6 +103,14 @@ def _cluster_metrics(reg: Any) -> dict[str, Any]:
     growth = float(q4.mean() - q2.mean()) if q2.size and q4.size else 0.0
     ttft = reg.kv_at - arr
     offered = reg.work.offered_rps()
+    span = max(last - first, 1e-9)
+    setup = reg.setup
+    utilization = {  # offered work over capacity, from first to last arrival
+        "pd_p": round(float(reg.local_s[~reg.offloaded].sum()) / (setup.n_p * span), 4)
+        if setup.n_p else None,
+        "decode": round(float(reg.work.output_tokens.sum()) * setup.step_s
+                        / (setup.n_d * setup.bs_max * span), 4) if setup.n_d else None,
+        "prfaas_instances": round(float(reg.prfaas_s[reg.offloaded].sum()) / span, 4)}
     remote_end = reg.kv_at[reg.offloaded]
     egress_end = float(np.nanmax(remote_end)) if np.isfinite(remote_end).any() else last
     return {"offered_rps": round(offered, 6), "throughput_rps": round(throughput, 6),
@@ -116,6 +124,7 @@ def _cluster_metrics(reg: Any) -> dict[str, Any]:
             "threshold_changes": reg.control.changes,
             "requests": int(n), "completed": int(done.size),
             "queue_growth": round(growth, 3), "in_system_mean": round(float(seen.mean()), 3),
+            "utilization": utilization,
             "sustainable": bool(throughput >= THROUGHPUT_SHARE * offered
                                 and growth <= max(10.0, 0.1 * float(seen.mean())))}
 
@@ -144,6 +153,30 @@ def find_region_capacity(s: Scenario, plan: MultiPlan, cfg: RegionsConfig, *,
             "planned_rps": round(sum(base.values()), 4),
             "max_rps_of": {k: round(v * best, 4) for k, v in base.items()},
             "requests": requests, "seed": seed, "arrivals": arrivals, "probes": probes}
+
+
+def saturation_capacity(s: Scenario, plan: MultiPlan, cfg: RegionsConfig, *,
+                        overload: float = 1.2, requests: int = 16000, seed: int = 0,
+                        arrivals: str = "uniform") -> dict[str, Any]:
+    """Capacity as the fluid plan defines it (Eq. 6: the most each stage completes): every
+    cluster offered `overload` x its planned rate, so every critical stage is saturated, and
+    the completions per second in the steady window read off per cluster. No queue test: a
+    saturated system's queue grows by construction; what is compared is throughput. Run with
+    `cfg.controller` off to hold t at the plan's (with it on, overload moves t)."""
+    if not overload > 1:
+        raise ConfigError("overload", overload, "must be > 1 (every stage saturated)")
+    base = {name: p.lambda_max for name, p in plan.pd_clusters.items()}
+    summary = simulate_regions(cfg, region_workloads(
+        s, {k: v * overload for k, v in base.items()}, make_arrivals(arrivals),
+        requests=requests, seed=seed))
+    of = {k: c["throughput_rps"] for k, c in summary["pd_clusters"].items()}
+    total = sum(of.values())
+    return {"max_rps": round(total, 4), "planned_rps": round(sum(base.values()), 4),
+            "vs_plan": round(total / sum(base.values()) - 1, 4),
+            "max_rps_of": {k: round(v, 4) for k, v in of.items()},
+            "vs_plan_of": {k: round(of[k] / base[k] - 1, 4) for k in base},
+            "overload": overload, "controller": cfg.controller, "requests": requests,
+            "seed": seed, "arrivals": arrivals}
 
 
 def fairness_runs(s: Scenario, plan: MultiPlan, *, load: float = 0.85, overload: float = 3.0,
