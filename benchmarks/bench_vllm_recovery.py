@@ -26,6 +26,10 @@ pressure phase needs it); 0 keeps the topology's 1 GiB.
    Every request must answer 200 with the reference's tokens; the supervisor restarts both
    (new pids); afterwards one long prompt must go prfaas-0 -> pdd-0 and one short one
    pdp-0 -> pdd-0, again with the reference's tokens.
+4. Sequential: `--sequential` prompts like the pressure ones, one at a time over the PrfaaS
+   route: how often the P/D path's long greedy output parts from the single instance's with
+   nothing else going on. Wherever an output parts from the reference, the reference's own
+   top-2 logprob gap at that position is recorded (a near-tie, or a confident token).
 """
 
 from __future__ import annotations
@@ -211,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="of --requests, sent at once after the steady stream")
     ap.add_argument("--pressure", type=int, default=8, help="long prompts sent at once")
     ap.add_argument("--pressure-tokens", type=int, default=160)
+    ap.add_argument("--sequential", type=int, default=8,
+                    help="prompts like the pressure ones, one at a time, after the kills")
     ap.add_argument("--decoder-blocks", type=int, default=0,
                     help="pdd-0's KV cache in blocks of 128 tokens (0: the topology's 1 GiB)")
     ap.add_argument("--out", type=Path, default=OUT)
@@ -478,7 +484,37 @@ def _run(args: argparse.Namespace, rng: random.Random, dep: Deployment, ref: Vll
         "restarts": dep.restarts,
         "after_restart": after_rows,
         "rows": rows}
+    if args.sequential:
+        try:
+            out["sequential"] = _sequential(args, rng, dep, ref)
+        except Exception:  # recorded; the kills' figures above stand
+            import traceback
+
+            out["sequential"] = {"error": traceback.format_exc()[-2000:]}
     return out
+
+
+def _sequential(args: argparse.Namespace, rng: random.Random, dep: Deployment,
+                ref: VllmInstance) -> dict[str, Any]:
+    """The pressure phase's kind of prompt and output length, one request at a time (no
+    kill, no preemption, no KV held, nothing else in the decoder's batch): how often the P/D
+    path's greedy output parts from the single instance's over `--pressure-tokens` tokens,
+    and the reference's top-2 logprob gap where it does."""
+    n = args.pressure_tokens
+    prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(1100, 1260))]
+               for _ in range(args.sequential)]
+    rows = []
+    for p in prompts:
+        want = _ref(ref, p, n)
+        r = _routed(dep.url, p, n)
+        got = r["prfaas"].get("token_ids")
+        at = _diverge(got, want)
+        rows.append({"prompt_tokens": len(p), "status": r["status"],
+                     "route": r["prfaas"].get("route"), "retried": r["prfaas"].get("retried"),
+                     "equal": got == want, "first_divergence": at,
+                     "reference_at_divergence": _margin(ref, p, want, got, at)})
+    return {"requests": len(rows), "output_tokens": n,
+            "outputs_equal": sum(r["equal"] for r in rows), "rows": rows}
 
 
 if __name__ == "__main__":
