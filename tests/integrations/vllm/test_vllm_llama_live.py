@@ -282,36 +282,46 @@ def test_decoder_killed_mid_stream_is_resumed_after_its_restart(live: dict) -> N
     (`health.path_wait_s`), then resumes: prompt + the tokens already sent, re-prefilled on
     pdp-0, decoded on the restarted pdd-0 (`output_offset`); the client's stream is the
     reference's. Then both killed instances serve again: a long prompt goes prfaas-0 ->
-    pdd-0 over the link, with the reference's tokens."""
+    pdd-0 over the link, with the reference's tokens.
+
+    Whether the kill lands mid-stream is a race on a loaded host: 48 tokens take the decoder
+    ~0.3 s, and a run once had every token out before the kill (at the client's first token).
+    So each try asserts what happened: the kill came, the stream equals the reference
+    whether or not it was resumed; the resume itself must show in one of three tries (each
+    on a fresh prompt, after the restarted decoder is back)."""
     dep = live["dep"]
     router = live["routers"]["all-pd"]
-    wait_healthy(dep.topology.worker("pdd-0").url)
-    old = dep.pid("pdd-0")
-    # 48 tokens take the decoder ~0.3 s; the kill lands within ms of the client's first token
-    # (its processes are listed beforehand). With 24 tokens and the tree listed at kill time,
-    # a loaded run once had every token out before the kill: nothing to resume.
     n = 48
-    [prompt] = prompts([600], seed=8)
-    want = reference(live, prompt, n)
-    victims = process_tree(old)
-    killed: list[int] = []
+    tries: list[dict[str, Any]] = []
+    for seed in (8, 10, 11):
+        wait_healthy(dep.topology.worker("pdd-0").url)
+        old = dep.pid("pdd-0")
+        [prompt] = prompts([600], seed=seed)
+        want = reference(live, prompt, n)
+        victims = process_tree(old)  # listed now: the kill itself is instant
+        killed: list[int] = []
 
-    def kill_decoder() -> None:
-        kill_procs(victims)
-        killed.append(old)
+        def kill_decoder(victims: list[Any] = victims, killed: list[int] = killed) -> None:
+            kill_procs(victims)
+            killed.append(1)
 
-    p = stream_routed(router.url, prompt, n, on_first=kill_decoder)
-    assert killed and p["resumed"] >= 1 and p["decode_node"] == "pdd-0", p
-    assert p["token_ids"] == want, (p, want)
-    back_s = {name: wait_back(dep, live["routers"]["all-prfaas"].url, name, pid)
-              for name, pid in (("pdd-0", old), ("prfaas-0", -1))}
-    assert dep.restarts.get("pdd-0", 0) >= 1 and dep.restarts.get("prfaas-0", 0) >= 1
+        p = stream_routed(router.url, prompt, n, on_first=kill_decoder)
+        assert killed and p["decode_node"] == "pdd-0", p
+        assert p["token_ids"] == want, (p, want)  # resumed or not: the reference's tokens
+        back_s = wait_back(dep, live["routers"]["all-prfaas"].url, "pdd-0", old)
+        tries.append({"resumed": p["resumed"], "chunks": p["chunks"],
+                      "reason": (p.get("resume_reason") or "")[:80], "back_s": round(back_s)})
+        if p["resumed"] >= 1:
+            break
+    assert tries[-1]["resumed"] >= 1, f"every try had all tokens out before the kill: {tries}"
+    prfaas_back_s = wait_back(dep, live["routers"]["all-prfaas"].url, "prfaas-0", -1)
+    assert dep.restarts.get("pdd-0", 0) >= len(tries) and dep.restarts.get("prfaas-0", 0) >= 1
     [after] = prompts([1500], seed=9)
     q = routed(live["routers"]["all-prfaas"].url, after, 8)["prfaas"]
     assert (q["route"], q["prefill_node"], q["decode_node"]) == ("prfaas", "prfaas-0", "pdd-0"), q
     assert not q["retried"] and q["token_ids"] == reference(live, after, 8), q
-    print(f"\nresumed {p['resumed']}x ({p['resume_reason'][:80]}); back after the wait: "
-          f"{back_s}; supervisor restarts {dep.restarts}; router members "
+    print(f"\ntries {tries}; prfaas-0 back after {prfaas_back_s:.0f} s more; supervisor "
+          f"restarts {dep.restarts}; router members "
           f"{ {k: v['up'] for k, v in members(router.url).items()} }")
 
 
