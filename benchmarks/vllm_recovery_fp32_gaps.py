@@ -100,6 +100,8 @@ def main() -> int:
     result = {"run": str(args.run.relative_to(ROOT)) if args.run.is_relative_to(ROOT) else
               str(args.run), "bound": "fp32 top-2 gap <= 2 bf16 ulp of the top logit",
               "partings": rows, "partings_within_bound": sum(r["within_2_ulp"] for r in rows),
+              "verdict": "every parting at a bf16 near-tie" if all(
+                  r["within_2_ulp"] for r in rows) else "a parting outside the bound",
               "other_positions": len(every),  # every output position but the partings
               "other_positions_within_bound": sum(g <= 2 for g in every),
               "other_positions_median_gap_ulp": round(every[len(every) // 2], 2)}
