@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 import ssl
 import time
@@ -69,6 +70,9 @@ class SenderConfig:
                 raise ConfigError(name, getattr(self, name), "must be positive")
         if self.rate_gbps is not None and not self.rate_gbps > 0:
             raise ConfigError("rate_gbps", self.rate_gbps, "must be positive or None")
+
+
+_POLL_HANGUP = getattr(select, "POLLRDHUP", 0x2000)  # the peer shut its side (Linux)
 
 
 @dataclass(slots=True)
@@ -231,6 +235,24 @@ class KVSender:
         if self.monitor is not None:  # what never left is no longer pending on this link
             self.monitor.remove_pending(self._inflight_bytes)
         self._inflight_bytes = 0
+
+    def peer_closed(self) -> bool:
+        """Whether the receiver closed or reset any connection (or one already failed). The
+        sender never reads, so a receiver that died between two transfers (a decode instance
+        killed and restarted on the same port) is otherwise found only by a failed write in
+        the middle of the next transfer, whose earlier frames the kernel accepted for a dead
+        peer. A poll for hang-up: not fooled by bytes the peer left unread (TLS records)."""
+        if self._error is not None or not self._streams:
+            return True
+        mask = _POLL_HANGUP | select.POLLHUP | select.POLLERR
+        for stream in self._streams:
+            if stream.chan.closed:
+                return True
+            poller = select.poll()
+            poller.register(stream.chan.sock, mask)
+            if poller.poll(0):
+                return True
+        return False
 
     def stats(self) -> SenderStats:
         per = tuple(s.sent_bytes for s in self._streams)

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -145,6 +146,35 @@ def test_a_complete_transfer_lands_every_value_in_either_conv_layout(pair: Any,
     assert torch.equal(_conv(dst_page, CONV_SD).view(torch.int16), sd.view(torch.int16))
     assert torch.equal(dst_page.reshape(-1)[96:], src_page.reshape(-1)[96:])  # the SSM state
     assert not torch.equal(dst[ATTN][0], src[ATTN][0])  # (a block that did not cross differs)
+
+
+def test_kv_that_arrives_before_the_blocks_are_allocated_lands_exactly(pair: Any) -> None:
+    """A decoder short of blocks: vLLM allocates the request's blocks (start_loads) only after
+    the whole transfer is in. The receiver keeps those tensors aside (the trace's `load`
+    event counts them) and writes them at allocation: every value as if it had waited."""
+    rx, port = pair
+    tx = _stream(port, 2)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # the meta, the 6 blocks and the state are in before any block exists
+            trace = Path(rx._trace_path)
+            lines = trace.read_text().splitlines() if trace.exists() else []
+            got = [e for e in map(json.loads, lines) if e["ev"] == "tensor" and e["tid"] == 2]
+            if len(got) == 3:
+                break
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+        _expect(rx, 2)
+        assert _outcome(rx, 2) == "ok"
+    finally:
+        tx.shutdown()
+    with open(rx._trace_path) as f:
+        [load] = [e for e in map(json.loads, f) if e["ev"] == "load" and e["tid"] == 2]
+    assert load["held"] == 3  # meta, the blocks' tensor, the state page: all held
+    src, dst = tx.caches, rx.caches
+    assert torch.equal(dst[ATTN][DST_BLOCKS].view(torch.int16),
+                       src[ATTN][SRC_BLOCKS].view(torch.int16))
+    assert torch.equal(dst[GDN][DST_SLOT].reshape(-1)[96:], src[GDN][SRC_SLOT].reshape(-1)[96:])
 
 
 @pytest.mark.parametrize("fault", ["zero_state", "foreign_conv", "shift_blocks"])

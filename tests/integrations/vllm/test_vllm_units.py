@@ -139,6 +139,44 @@ def test_send_and_recv_links_carry_a_transfer_and_report_its_end() -> None:
         recv.stop()
 
 
+def test_send_link_reconnects_to_a_receiver_restarted_on_the_same_port() -> None:
+    """A decode instance killed and restarted between two transfers: the producer's idle
+    connections lead to the dead process, and the kernel accepts the first frames written to
+    them. The next transfer must start on new connections and arrive whole (the live recovery
+    run hung on this: the first transfer after a decoder restart failed with PeerGone at the
+    producer while the decoder waited for it)."""
+    send = SendLink(SenderConfig(num_connections=2, chunk_bytes=4096))
+    first = RecvLink(ReceiverConfig(port=0), lambda *t: None)
+    port = first.receiver.port
+    dest = ("127.0.0.1", port)
+    layers = [np.arange(i, i + 3000, dtype=np.uint16) for i in range(3)]
+
+    def transfer(link: RecvLink, tid: int) -> tuple[object, object]:
+        link.expect(tid, 10.0)
+        for i, a in enumerate(layers):
+            send.submit(dest, Tensor(tid, i, f"b{i}", a, bfloat16=True))
+        send.submit(dest, Finish(tid))
+        [got] = _wait(link, 1, 15.0)
+        [sent] = _wait(send, 1, 15.0)  # type: ignore[arg-type]
+        return got, sent
+
+    second = None
+    try:
+        got, sent = transfer(first, 1)
+        assert got.error is None and sent.error is None  # type: ignore[attr-defined]
+        first.stop()  # the decoder dies: its end of every connection closes
+        arrived: list[tuple[int, int, str, np.ndarray]] = []
+        second = RecvLink(ReceiverConfig(port=port), lambda *t: arrived.append(t))
+        got, sent = transfer(second, 2)
+        assert sent.error is None, sent  # type: ignore[attr-defined]
+        assert got.error is None, got  # type: ignore[attr-defined]
+        assert sorted(layer for _, layer, _, _ in arrived) == [0, 1, 2]
+    finally:
+        send.stop()
+        if second is not None:
+            second.stop()
+
+
 def test_recv_link_reports_a_timeout_and_a_lost_peer_as_failures() -> None:
     recv = RecvLink(ReceiverConfig(port=0, frame_timeout_s=2.0), lambda *t: None)
     try:

@@ -144,24 +144,75 @@ def routed(url: str, prompt: list[int] | str, max_tokens: int, **extra: Any) -> 
     return reply
 
 
+def stream_routed(url: str, prompt: list[int] | str, max_tokens: int,
+                  on_first: Any = None) -> dict[str, Any]:
+    """A streamed greedy completion through a router, read chunk by chunk; `on_first()` runs
+    once the first token's chunk is in. The last chunk's `prfaas` object (it carries every
+    token id, retries and resumes) with the number of chunks that carried a token."""
+    body = json.dumps({"model": SERVED, "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0, "stream": True}).encode()
+    req = urllib.request.Request(f"{url}/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    last: dict[str, Any] = {}
+    chunks = 0
+    with urllib.request.urlopen(req, timeout=1200) as resp:
+        assert resp.status == 200
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            if chunk.get("choices"):
+                chunks += 1
+                if on_first is not None:
+                    on_first()
+                    on_first = None
+            last = chunk
+    return {**last["prfaas"], "chunks": chunks}
+
+
+def members(url: str) -> dict[str, Any]:
+    """The router's view of its workers (GET /health: up, restarts, last error)."""
+    with urllib.request.urlopen(f"{url}/health", timeout=10) as resp:
+        out: dict[str, Any] = json.loads(resp.read())["members"]
+    return out
+
+
+def wait_back(dep: Deployment, router_url: str, name: str, old_pid: int,
+              timeout_s: float = 900) -> float:
+    """Until the supervisor's new process for `name` answers and the router holds it up;
+    the seconds it took (readiness-driven: a restart takes 35-200 s here, longer loaded)."""
+    t0 = time.monotonic()
+    while True:
+        new = dep.pid(name)
+        if new != old_pid and _healthy(dep.topology.worker(name).url) and \
+                members(router_url)[name]["up"]:
+            return time.monotonic() - t0
+        assert time.monotonic() < t0 + timeout_s, (name, members(router_url)[name])
+        time.sleep(0.5)
+
+
 def pd_request(dep: Deployment, prompt: list[int], max_tokens: int, transfer_id: int,
                recv: dict[str, Any] | None = None, prefill: str = "prfaas-0",
-               **sampling: Any) -> dict[str, Any]:
+               send: dict[str, Any] | None = None, **sampling: Any) -> dict[str, Any]:
     """One P/D request straight to the instances (the router's two bodies, sent at once):
-    the decoder's reply. `recv`: more `kv_transfer_params.prfaas` keys for the decoder."""
+    the decoder's reply. `recv` / `send`: more `kv_transfer_params.prfaas` keys for the
+    decoder / the prefill instance (e.g. the benchmark knobs `rate_gbps`, `after_prefill`)."""
     import threading
 
     pre, dec = dep.topology.worker(prefill), dep.topology.by_role("pd-d")[0]
     base = {"model": SERVED, "prompt": prompt, "return_token_ids": True, **sampling}
     out: dict[str, Any] = {}
-    send = threading.Thread(target=lambda: out.update(p=post(pre.url, {
+    send_keys = dict(send or {})  # (the thread below must not shadow it: it read the thread)
+    prefill_thread = threading.Thread(target=lambda: out.update(p=post(pre.url, {
         **base, "max_tokens": 1, "kv_transfer_params": {"prfaas": {
             "role": "send", "transfer_id": transfer_id, "dest_host": dec.host,
-            "dest_port": dec.kv_port}}})))
-    send.start()
+            "dest_port": dec.kv_port, **send_keys}}})))
+    prefill_thread.start()
     status, reply = post(dec.url, {**base, "max_tokens": max_tokens, "kv_transfer_params": {
         "prfaas": {"role": "recv", "transfer_id": transfer_id, **(recv or {})}}})
-    send.join(300)
+    prefill_thread.join(300)
     assert status == 200, reply
     assert out["p"][0] == 200, out["p"]
     return reply
@@ -180,12 +231,23 @@ def trace(trace_dir: Path, worker: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants at once (a crashed vLLM instance)."""
+def process_tree(pid: int) -> list[Any]:
+    """A process and all its descendants (psutil), listed now: killing them later is instant
+    (listing walks /proc, which takes tens of ms on a loaded host)."""
     import psutil
 
     proc = psutil.Process(pid)
-    victims = [*proc.children(recursive=True), proc]
+    return [*proc.children(recursive=True), proc]
+
+
+def kill_procs(victims: list[Any]) -> None:
+    import psutil
+
     for p in victims:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once (a crashed vLLM instance)."""
+    kill_procs(process_tree(pid))

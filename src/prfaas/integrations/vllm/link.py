@@ -132,6 +132,7 @@ class SendLink(_Loop):
         config = self.config if route[2] is None else replace(self.config, rate_gbps=route[2])
         sender: KVSender | None = None
         failed: dict[int, str] = {}  # transfer -> why; later items of it are dropped
+        open_tids: set[int] = set()  # transfers with an item on the current sender
         while True:
             item = await queue.get()
             tid = item.transfer_id
@@ -140,20 +141,35 @@ class SendLink(_Loop):
                     if not isinstance(item, Tensor):
                         self._end(tid, failed.pop(tid))
                     continue
+                if sender is not None and tid not in open_tids and sender.peer_closed():
+                    # the receiver went away since the last transfer (a decoder restarted on
+                    # the same port): a new transfer starts on new connections; the open ones
+                    # had their frames on the old, so they fail
+                    for other in open_tids:
+                        failed[other] = f"PeerGone: {dest[0]}:{dest[1]} closed the connection"
+                    open_tids.clear()
+                    await sender.close()
+                    sender = None
                 if sender is None:
                     sender = self._sender(dest, config)
                     await sender.connect()
+                open_tids.add(tid)
                 if isinstance(item, Tensor):
                     await sender.send_array(tid, item.layer, "gqa", item.name, item.array,
                                             bfloat16=item.bfloat16)
                 elif isinstance(item, Finish):
+                    open_tids.discard(tid)
                     await sender.finish(tid, manifest=item.manifest)
                     self._end(tid, None)
                 else:
+                    open_tids.discard(tid)
                     await sender.abort(tid, item.reason)
                     self._end(tid, f"aborted: {item.reason}")
             except TransportError as exc:
                 failed[tid] = f"{type(exc).__name__}: {exc}"
+                for other in open_tids - {tid}:  # their frames were on the closed connections
+                    failed[other] = failed[tid]
+                open_tids.clear()
                 if sender is not None:
                     await sender.close()
                     sender = None

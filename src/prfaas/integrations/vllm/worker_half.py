@@ -267,6 +267,8 @@ class WorkerHalf:
                 held, inc.held = inc.held, []
                 for layer, name, array in held:
                     self._apply(inc, layer, name, array)
+            # held: tensors that arrived before vLLM gave the request its blocks (kept aside)
+            self.trace(side="recv", tid=job.transfer_id, ev="load", held=len(held))
             self.recv.expect(job.transfer_id, job.timeout_s)
         for tid in meta.aborted:
             with self._lock:
