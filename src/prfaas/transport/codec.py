@@ -125,22 +125,25 @@ def _lz4_into(body: memoryview, into: memoryview) -> int:
     return n
 
 
-def measure(sample: memoryview | bytes, codecs: tuple[str, ...] = CODECS,
-            chunk_bytes: int = 2**20) -> tuple[CodecSpeed, ...]:
-    """Ratio and single-thread compress / decompress rates (uncompressed Gbps, best of 2) of
-    each codec on `sample`, cut into `chunk_bytes` chunks as the sender cuts tensors."""
-    view = memoryview(sample).cast("B")
-    chunks = [view[i : i + chunk_bytes] for i in range(0, len(view), chunk_bytes)]
-    raw = len(view)
+def measure(sample: memoryview | bytes | list[memoryview], codecs: tuple[str, ...] = CODECS,
+            chunk_bytes: int = 2**20, repeats: int = 2) -> tuple[CodecSpeed, ...]:
+    """Ratio and single-thread compress / decompress rates (uncompressed Gbps, best of
+    `repeats`) of each codec on `sample` (one buffer or several tensors), each cut into
+    `chunk_bytes` chunks as the sender cuts tensors; a chunk that would not shrink counts as
+    sent raw, as the sender sends it."""
+    parts = sample if isinstance(sample, list) else [sample]
+    chunks = [v[i : i + chunk_bytes] for p in parts for v in [memoryview(p).cast("B")]
+              for i in range(0, len(v), chunk_bytes)]
+    raw = sum(len(c) for c in chunks)
     out = []
     for name in codecs:
         packed = [_pack(name, c) for c in chunks]
         dests = [memoryview(bytearray(len(c))) for c in chunks]
         ident = codec_id(name)
         framed = [_RAW.pack(len(c)) + p for c, p in zip(chunks, packed, strict=True)]
-        comp_s = _best(_pack_all, name, chunks)
-        dec_s = _best(_unpack_all, ident, framed, dests)
-        wire = sum(PREFIX_BYTES + min(len(p), len(c))
+        comp_s = _best(repeats, _pack_all, name, chunks)
+        dec_s = _best(repeats, _unpack_all, ident, framed, dests)
+        wire = sum(min(PREFIX_BYTES + len(p), len(c))
                    for p, c in zip(packed, chunks, strict=True))
         out.append(CodecSpeed(name, raw / max(wire, 1), raw * 8 / comp_s / 1e9,
                               raw * 8 / dec_s / 1e9))
@@ -157,9 +160,9 @@ def _unpack_all(ident: int, framed: list[bytes], dests: list[memoryview]) -> Non
         decompress_into(ident, f, d)
 
 
-def _best(fn: Callable[..., None], *args: object) -> float:
+def _best(repeats: int, fn: Callable[..., None], *args: object) -> float:
     best = float("inf")
-    for _ in range(2):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         fn(*args)
         best = min(best, time.perf_counter() - t0)
