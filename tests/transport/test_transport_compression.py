@@ -174,3 +174,24 @@ def test_auto_measures_the_codecs_on_the_first_big_tensor(link_rate_gbps: float 
 def test_bad_compression_mode_is_one_line_error() -> None:
     with pytest.raises(ConfigError, match="compression='brotli': must be one of"):
         SenderConfig(compression="brotli")
+
+
+def test_auto_gathers_small_tensors_until_it_has_enough_to_measure() -> None:
+    small = [_bf16_words(16 * 1024, s) for s in range(12)]  # 32 KiB each, 384 KiB in all
+
+    async def body() -> None:
+        async with KVReceiver() as rx:
+            cfg = SenderConfig(num_connections=2, compression="auto", link_rate_gbps=0.05)
+            async with KVSender("127.0.0.1", rx.port, cfg) as tx:
+                for i, a in enumerate(small):
+                    await tx.send_array(RID, i, "mla", "kv", a, bfloat16=True)
+                    # undecided below 256 KiB of KV (the 8th tensor reaches it), then zstd
+                    assert tx.codec == (None if i < 7 else "zstd"), i
+                await tx.finish(RID)
+                kv = await rx.wait_request(RID, timeout_s=10)
+                # the 8th tensor completes the sample and already travels compressed
+                assert rx.stats.compressed_frames == len(small) - 7
+        for i, a in enumerate(small):
+            assert np.array_equal(kv.layers[i]["kv"], a)
+
+    run(body())

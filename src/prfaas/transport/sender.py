@@ -12,8 +12,10 @@ With `tls` (an ssl.SSLContext holding this side's certificate) every connection 
 payload checksum (the TLS records authenticate them).
 With `compression` (lz4, zstd, or auto) each DATA chunk is compressed by the connection's
 thread before it is paced and sent (transport/codec.py), and travels compressed when that makes
-it smaller; `auto` measures both codecs on the first tensor of at least `AUTO_SAMPLE_MIN_BYTES`
-and keeps the choice of policy/compression.py for the sender's life (`codec`, `codec_speeds`).
+it smaller; `auto` measures both codecs on the first `AUTO_SAMPLE_MIN_BYTES` or more of KV it is
+given (one tensor, or the first tensors together, at most `AUTO_SAMPLE_MAX_BYTES`) and keeps the
+choice of policy/compression.py for the sender's life (`codec`, `codec_speeds`); what is queued
+before that travels raw.
 Backpressure and pending bytes count tensor bytes; the token bucket, `stats()` and the link
 monitor's sent bytes count wire bytes.
 """
@@ -178,6 +180,7 @@ class KVSender:
         self.codec: str | None = None if mode == "auto" else mode
         self.codec_speeds: tuple[CodecSpeed, ...] = ()  # what `auto` measured
         self._compressed_frames = 0
+        self._auto_sample: list[bytes] = []  # small tensors' bytes until `auto` has enough
         if monitor is not None:
             monitor.add_retransmit_source(self.tcp_retransmits)
 
@@ -228,8 +231,8 @@ class KVSender:
         if not array.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
             array = np.ascontiguousarray(array)
         view = array.reshape(-1).view(np.uint8).data
-        if self.codec is None and len(view) >= AUTO_SAMPLE_MIN_BYTES:
-            await self._choose_codec(view[:AUTO_SAMPLE_MAX_BYTES])
+        if self.codec is None:
+            await self._sample(view)
         codec = self.codec if self.codec in codecs.CODEC_ID else None
         req = self._requests.setdefault(request_id, _Request())
         req.num_tensors += 1
@@ -241,7 +244,17 @@ class KVSender:
                                           len(view), offset, len(chunk), crc)
             await self._enqueue(_Frame(request_id, header, chunk, codec), self._least_loaded())
 
-    async def _choose_codec(self, sample: memoryview) -> None:
+    async def _sample(self, view: memoryview) -> None:
+        """`auto`: gather KV to measure the codecs on; decide once there is enough."""
+        if len(view) >= AUTO_SAMPLE_MIN_BYTES:
+            await self._choose_codec([view[:AUTO_SAMPLE_MAX_BYTES]])
+            return
+        self._auto_sample.append(bytes(view))
+        if sum(len(b) for b in self._auto_sample) >= AUTO_SAMPLE_MIN_BYTES:
+            sample, self._auto_sample = self._auto_sample, []
+            await self._choose_codec([memoryview(b) for b in sample])
+
+    async def _choose_codec(self, sample: list[memoryview]) -> None:
         """`auto`: time the codecs on real KV (in a thread) and fix the choice."""
         loop = asyncio.get_running_loop()
         speeds = await loop.run_in_executor(self._pool, codecs.measure, sample)
