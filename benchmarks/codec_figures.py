@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prfaas.engine import Engine, EngineConfig
+from prfaas.engine import Engine, EngineConfig, LayerKV
 from prfaas.policy.compression import CodecSpeed, choose_compression
 from prfaas.serve.worker.kvship import layer_arrays
 from prfaas.transport import KVSender, SenderConfig
@@ -50,11 +51,17 @@ REPEATS = 3
 RESULT = Path(__file__).parent / "results" / "transport.json"
 
 
-def native_kv(wire_dtype: str | None) -> list[np.ndarray]:
+def native_kv(wire_dtypes: tuple[str | None, ...]) -> dict[str | None, list[np.ndarray]]:
+    """One prefill; each layer's tensors as shipped with each wire dtype."""
     eng = Engine(EngineConfig.tiny(threads=1))
     ids = [256, *np.random.default_rng(0).integers(0, 256, PROMPT_TOKENS - 1).tolist()]
-    out: list[np.ndarray] = []
-    eng.prefill(ids, on_layer=lambda kv: out.extend(a for _, a in layer_arrays(kv, wire_dtype)))
+    out: dict[str | None, list[np.ndarray]] = {w: [] for w in wire_dtypes}
+
+    def on_layer(kv: LayerKV) -> None:  # encoded as the prefill worker's hook encodes it
+        for w in wire_dtypes:
+            out[w].extend(np.array(a) for _, a in layer_arrays(kv, w))
+
+    eng.prefill(ids, on_layer=on_layer)
     return out
 
 
@@ -85,7 +92,8 @@ def vllm_kv(arch: str) -> list[np.ndarray]:
 
 
 def samples() -> dict[str, list[np.ndarray]]:
-    out = {f"native_tiny_{w or 'fp32'}": native_kv(w) for w in (None, "bf16", "fp8_e4m3")}
+    native = native_kv((None, "bf16", "fp8_e4m3"))
+    out = {f"native_tiny_{w or 'fp32'}": arrays for w, arrays in native.items()}
     for arch in ("llama", "qwen3_next"):
         out[f"vllm_tiny_{arch}_bf16"] = vllm_kv(arch)
     return out
@@ -158,13 +166,15 @@ def end_to_end(kv_bf16: list[np.ndarray]) -> dict[str, Any]:
 def figures() -> dict[str, Any]:
     kv = samples()
     result: dict[str, Any] = {"how": __doc__, "chunk_bytes": 2**20,
-                              "zstd_level": codecs.ZSTD_LEVEL, "prompt_tokens": PROMPT_TOKENS}
+                              "zstd_level": codecs.ZSTD_LEVEL, "prompt_tokens": PROMPT_TOKENS,
+                              "loadavg_1_5_15_at_start": os.getloadavg()}
     for label, arrays in kv.items():
         result[label], speeds = _row(arrays)
         print(f"compression {label}: " + ", ".join(
             f"{s.name} x{s.ratio:.3f} {s.compress_gbps:.1f}/{s.decompress_gbps:.1f} Gbps"
             for s in speeds))
     result["end_to_end_native_bf16"] = end_to_end(kv["native_tiny_bf16"])
+    result["loadavg_1_5_15_at_end"] = os.getloadavg()
     return result
 
 
