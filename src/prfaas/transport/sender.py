@@ -247,6 +247,7 @@ class KVSender:
     async def _sample(self, view: memoryview) -> None:
         """`auto`: gather KV to measure the codecs on; decide once there is enough."""
         if len(view) >= AUTO_SAMPLE_MIN_BYTES:
+            self._auto_sample = []
             await self._choose_codec([view[:AUTO_SAMPLE_MAX_BYTES]])
             return
         self._auto_sample.append(bytes(view))
