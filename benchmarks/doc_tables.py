@@ -383,6 +383,36 @@ def transport_side_by_side(load: Loader) -> str:
     return "\n".join(lines)
 
 
+_CODEC_SAMPLES = {
+    "native_tiny_fp32": "native tiny (KDA:MLA 3:1), float32 (no wire dtype)",
+    "native_tiny_bf16": "native tiny, `wire_dtype: bf16`",
+    "native_tiny_fp8_e4m3": "native tiny, `wire_dtype: fp8_e4m3` (codes + scales)",
+    "vllm_tiny_llama_bf16": "vLLM tiny llama, bf16 KV",
+    "vllm_tiny_qwen3_next_bf16": "vLLM tiny qwen3_next, bf16 KV + GDN states",
+}
+
+
+@table("transport-compression")
+def transport_compression(load: Loader) -> str:
+    """docs/wire-format.md: lossless codecs on real KV (transport.json `compression`)."""
+    data = load("transport.json")["compression"]
+    lines = [
+        _cells(["KV as shipped", "MiB", "zstd ratio", "zstd compress / decompress Gbps",
+                "lz4 ratio", "lz4 compress / decompress Gbps", "auto at 1 / 4 / 20.58 Gbps, "
+                "4 conn."]),
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for key, label in _CODEC_SAMPLES.items():
+        row = data[key]
+        z, q, auto = row["codecs"]["zstd"], row["codecs"]["lz4"], row["auto_at_4_connections"]
+        lines.append(_cells([
+            label, f"{row['bytes'] / 2**20:.1f}", f"{z['ratio']:.3f}",
+            f"{z['compress_gbps']:.1f} / {z['decompress_gbps']:.1f}", f"{q['ratio']:.3f}",
+            f"{q['compress_gbps']:.1f} / {q['decompress_gbps']:.1f}",
+            " / ".join(auto[r] for r in ("1.0", "4.0", "20.58"))]))
+    return "\n".join(lines)
+
+
 @table("sim-startup")
 def sim_startup(load: Loader) -> str:
     """docs/simulator.md: whole-process start-up before and after issue 14 (sim.json)."""

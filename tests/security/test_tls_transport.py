@@ -33,7 +33,9 @@ def _receiver(certs: Certs) -> KVReceiver:
                       accept_peer=lambda name: name in {"prfaas-0", "pdp-0"})
 
 
-def test_tls_round_trip_is_exact_and_carries_the_manifest(certs: Certs) -> None:
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_tls_round_trip_is_exact_and_carries_the_manifest(certs: Certs, compression: str
+                                                         ) -> None:
     rng = np.random.default_rng(3)
     arrays = [rng.standard_normal((513, 64)).astype(np.float16) for _ in range(3)]
 
@@ -41,7 +43,8 @@ def test_tls_round_trip_is_exact_and_carries_the_manifest(certs: Certs) -> None:
         rx = _receiver(certs)
         async with rx:
             tls = Identity.load(certs.dir, "prfaas-0").client_context()
-            cfg = SenderConfig(num_connections=3, chunk_bytes=16 * 1024)
+            cfg = SenderConfig(num_connections=3, chunk_bytes=16 * 1024,
+                               compression=compression)
             async with KVSender("127.0.0.1", rx.port, cfg, tls=tls, server_name="pdd-0") as tx:
                 for i, a in enumerate(arrays):
                     await tx.send_array(7, i, "mla", "kv_c", a)
@@ -51,6 +54,8 @@ def test_tls_round_trip_is_exact_and_carries_the_manifest(certs: Certs) -> None:
             assert kv.layers[i]["kv_c"].tobytes() == a.tobytes()
         assert kv.manifest == b"bound"
         assert rx.stats.tls_refused == 0 and rx.stats.connections_failed == 0
+        # compressed frames over TLS carry no payload CRC either; the AEAD covers them
+        assert (rx.stats.compressed_frames > 0) == (compression == "zstd")
 
     run(body())
 

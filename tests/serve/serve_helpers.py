@@ -19,7 +19,9 @@ def topology(**overrides: Any) -> Topology:
         "model": {"preset": "tiny", "threads": 1},
         "policy": {"name": "prfaas-threshold", "threshold_tokens": THRESHOLD_TOKENS},
         "router": {"port": 0},
-        "link": {"rate_gbps": 0.5, "connections": 2},
+        # zstd on the inter-DC link: the live tests' PrfaaS route ships compressed frames (the
+        # other deployments' links are uncompressed), and tokens must equal Engine.generate's
+        "link": {"rate_gbps": 0.5, "connections": 2, "compression": "zstd"},
         "intra_link": {"rate_gbps": None, "connections": 1},
         "timeouts": {"connect_s": 3, "prefill_s": 30, "kv_s": 30, "token_s": 30},
         "cache": {"capacity_mb": 128},

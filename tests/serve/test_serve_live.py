@@ -7,6 +7,7 @@ per process on 2 cores).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -80,6 +81,23 @@ def test_repeated_long_prompt_is_cached_and_ships_less(live: Deployment) -> None
     assert again["prfaas"]["decode_cached_tokens"] == 896
     assert again["prfaas"]["kv_bytes"] < first["prfaas"]["kv_bytes"] / 2
     assert again["prfaas"]["token_ids"] == first["prfaas"]["token_ids"]
+
+
+def test_prfaas_link_ships_zstd_frames_and_tokens_equal_generate(live: Deployment,
+                                                                 engine: Any) -> None:
+    """The shared topology's inter-DC link has `compression: zstd`: the KV crossed it in fewer
+    bytes than its tensors hold (the prefill worker's sender count), and the decode worker,
+    which decompressed it into its receive arena, generates what Engine.generate does."""
+    prompt = "Compressed on the wire, decoded exactly. " * 12
+    reply = complete(live.url, prompt, max_tokens=6)
+    info = reply["prfaas"]
+    assert info["route"] == "prfaas"
+    assert info["token_ids"] == engine.generate(engine.tokenizer.encode(prompt), 6)
+    # control: without compression kv_wire_bytes == kv_bytes (the uncompressed transport test)
+    assert 0 < info["kv_wire_bytes"] < info["kv_bytes"]
+    status = json.loads(get_text(f"{live.topology.worker('prfaas-0').url}/status"))
+    assert status["link"]["compression"] == "zstd"
+    assert set(status["link"]["codecs"].values()) == {"zstd"}
 
 
 def test_openai_client_completions_and_chat(live: Deployment, engine: Any) -> None:

@@ -21,6 +21,7 @@ import yaml
 from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_text
 from prfaas.models.kv import wire_dtype_name
+from prfaas.policy.compression import MODES as COMPRESSION_MODES
 from prfaas.security.spec import SecuritySpec, parse_security
 from prfaas.serve.engines import DEFAULT_ENGINE, backend_class, engine_names
 from prfaas.serve.resilience import (
@@ -65,6 +66,9 @@ class LinkSpec:
     delay_stage: bool = False  # netns: KV relayed through serve/deploy/delay.py (added RTT faults)
     # full-attention KV on this link: None (its cache dtype), bf16 or fp8_e4m3 (transport/quant.py)
     wire_dtype: str | None = None
+    # lossless codec on this link's DATA frames: none | lz4 | zstd | auto (transport/codec.py;
+    # auto: the sender times both on its first KV and compresses when that beats its share)
+    compression: str = "none"
 
     def __post_init__(self) -> None:
         if self.rate_gbps is not None and not self.rate_gbps > 0:
@@ -78,6 +82,9 @@ class LinkSpec:
             raise ConfigError("link.rate_gbps", None, "emulation netns needs a rate to shape to")
         if self.delay_stage and self.emulation != "netns":
             raise ConfigError("link.delay_stage", True, "needs emulation netns")
+        if self.compression not in COMPRESSION_MODES:
+            raise ConfigError("link.compression", self.compression,
+                              f"must be one of {', '.join(COMPRESSION_MODES)}")
         if wire_dtype_name(self.wire_dtype) != self.wire_dtype:
             raise ConfigError("link.wire_dtype", self.wire_dtype,
                               f"not canonical; use {wire_dtype_name(self.wire_dtype)}")
@@ -277,12 +284,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _wire(link: LinkSpec) -> dict[str, str]:
-    return {"wire_dtype": link.wire_dtype} if link.wire_dtype is not None else {}
+    out = {"wire_dtype": link.wire_dtype} if link.wire_dtype is not None else {}
+    return {**out, "compression": link.compression} if link.compression != "none" else out
 
 
 def _link(raw: object, where: str, default: LinkSpec) -> LinkSpec:
     m = _mapping(raw, where)
-    _keys(m, {"rate_gbps", "connections", "emulation", "delay_stage", "wire_dtype"}, where)
+    _keys(m, {"rate_gbps", "connections", "emulation", "delay_stage", "wire_dtype",
+              "compression"}, where)
     rate = m.get("rate_gbps", default.rate_gbps)
     emulation = str(m.get("emulation", default.emulation))
     if where == "intra_link" and emulation != "token-bucket":
@@ -290,7 +299,17 @@ def _link(raw: object, where: str, default: LinkSpec) -> LinkSpec:
     return LinkSpec(None if rate is None else float(rate),
                     int(m.get("connections", default.connections)), emulation,
                     bool(m.get("delay_stage", False)),
-                    wire_dtype_name(m.get("wire_dtype")))
+                    wire_dtype_name(m.get("wire_dtype")),
+                    _compression(m.get("compression", default.compression), where))
+
+
+def _compression(raw: object, where: str) -> str:
+    if raw is None:  # `compression: null`
+        return "none"
+    if raw not in COMPRESSION_MODES:
+        raise ConfigError(f"{where}.compression", raw,
+                          f"must be one of {', '.join(COMPRESSION_MODES)}")
+    return str(raw)
 
 
 def _worker(raw: object, index: int, default_engine: str) -> WorkerSpec:

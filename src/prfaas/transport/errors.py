@@ -47,3 +47,7 @@ class PeerAborted(TransportError):
 
 class BadHeader(TransportError):
     """A header names an unknown frame type, dtype or kind code."""
+
+
+class BadPayload(TransportError):
+    """A compressed payload does not decompress, or not to the length its frame declares."""

@@ -15,6 +15,10 @@ With `tls` (a server ssl.SSLContext that requires client certificates) every con
 complete a TLS handshake first, and `accept_peer(name)` may refuse a certificate's name; a
 refused peer is logged with its address and counted in `stats.tls_refused`. Payload checksums
 are required on plaintext connections and optional on TLS ones.
+A compressed DATA frame (transport/codec.py) is received into its connection's scratch buffer,
+its CRC checked on those wire bytes, then decompressed straight into the tensor's slice
+(`_into` and `_land`, the only two places that know about codecs); everything past that sees
+the tensor's bytes and the chunk's tensor extent.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prfaas.core.errors import ConfigError, TransportError
+from prfaas.transport import codec as codecs
 from prfaas.transport.arena import ReceiveArena
 from prfaas.transport.assembly import Assembly, ReceivedKV, fresh_buffer
 from prfaas.transport.channel import Channel, TlsChannel, TlsRefused
@@ -51,6 +56,7 @@ from prfaas.transport.wire import (
     Limits,
     decode_end,
     decode_header,
+    inflated_header,
     payload_checksum,
     trusted_request_id,
 )
@@ -97,6 +103,7 @@ class _Conn:
     head_bytes: int = 0  # of the next header, already read by the payload thread
     chained_frames: int = 0  # frames the payload thread went on to, not yet in `stats`
     chained_bytes: int = 0  # (headers included)
+    scratch: bytearray = field(default_factory=bytearray)  # compressed payloads land here first
 
 
 @dataclass(slots=True)
@@ -107,6 +114,8 @@ class ReceiverStats:
     connections_failed: int = 0
     tls_refused: int = 0  # handshakes failed or certificate names refused
     thread_frames: int = 0  # DATA frames a payload thread went on to without the loop
+    compressed_frames: int = 0  # DATA frames that arrived compressed (decompressed on arrival)
+    decompressed_bytes: int = 0  # the tensor bytes those frames carried
 
 
 class KVReceiver:
@@ -313,7 +322,7 @@ class KVReceiver:
                 raise ChecksumMismatch(f"{_what(h, conn)}: payload crc32 {crc:#010x}, header "
                                        f"says {h.payload_crc:#010x}")
         self.stats.received_bytes += HEADER_BYTES + len(into)
-        return h
+        return self._land(h, into) if h.codec else h
 
     def _frames_sync(self, loop: asyncio.AbstractEventLoop, conn: _Conn, h: FrameHeader,
                      into: memoryview) -> tuple[FrameHeader, memoryview, int, int, int | None]:
@@ -328,6 +337,7 @@ class KVReceiver:
             crc = payload_checksum(into) if h.payload_checksummed and got == len(into) else None
             if got < len(into) or (crc is not None and crc != h.payload_crc):
                 return h, into, got, 0, crc
+            h = self._land(h, into) if h.codec else h  # (the caller sees a landed frame)
             head_bytes = conn.chan.try_recv_sync(head)
             nxt = self._next_data(conn, head_bytes)
             if nxt is None:
@@ -351,12 +361,36 @@ class KVReceiver:
             if asm is None or asm.finished:
                 return None
             try:
-                view = asm.target(h)
+                view = self._into(asm, h, conn)
             except TransportError:
                 return None
             conn.open_ids.add(h.request_id)
         conn.current_id = h.request_id
         return h, view
+
+    def _into(self, asm: Assembly, h: FrameHeader, conn: _Conn) -> memoryview:
+        """Where `h`'s payload is received: its tensor's slice, or for a compressed payload
+        the connection's scratch buffer (`_land` decompresses it into the slice)."""
+        if not h.codec:
+            return asm.target(h)
+        if len(conn.scratch) < h.chunk_bytes:
+            conn.scratch = bytearray(h.chunk_bytes)
+        return memoryview(conn.scratch)[: h.chunk_bytes]
+
+    def _land(self, h: FrameHeader, payload: memoryview) -> FrameHeader:
+        """A compressed frame whose wire CRC held: decompress it into its tensor's slice
+        (in the calling thread, GIL released); returns the header as the tensor sees it.
+        A frame of a request no longer live is dropped undecoded."""
+        logical = inflated_header(h, codecs.raw_length(payload), self.config.limits)
+        with self._lock:
+            asm = self._assemblies.get(h.request_id)
+            if asm is None or asm.finished:
+                return logical
+            into = asm.target(logical)
+            self.stats.compressed_frames += 1
+            self.stats.decompressed_bytes += logical.chunk_bytes
+        codecs.decompress_into(h.codec, payload, into)
+        return logical
 
     def _chunk_arrived_sync(self, loop: asyncio.AbstractEventLoop, conn: _Conn,
                             h: FrameHeader, wire_bytes: int) -> None:
@@ -403,7 +437,7 @@ class KVReceiver:
                 await self._read_payload(conn, h, memoryview(bytearray(h.chunk_bytes)))
                 return
             conn.open_ids.add(h.request_id)
-            self._chunk_arrived(await self._read_payload(conn, h, asm.target(h)))
+            self._chunk_arrived(await self._read_payload(conn, h, self._into(asm, h, conn)))
             return
         payload = bytearray(h.chunk_bytes)
         await self._read_payload(conn, h, memoryview(payload))

@@ -10,6 +10,14 @@ the caller opens a new sender. Arrays must not be modified until `finish` return
 With `tls` (an ssl.SSLContext holding this side's certificate) every connection is TLS,
 `server_name` is the name the receiver's certificate must carry, and DATA frames carry no
 payload checksum (the TLS records authenticate them).
+With `compression` (lz4, zstd, or auto) each DATA chunk is compressed by the connection's
+thread before it is paced and sent (transport/codec.py), and travels compressed when that makes
+it smaller; `auto` measures both codecs on the first `AUTO_SAMPLE_MIN_BYTES` or more of KV it is
+given (one tensor, or the first tensors together, at most `AUTO_SAMPLE_MAX_BYTES`) and keeps the
+choice of policy/compression.py for the sender's life (`codec`, `codec_speeds`); what is queued
+before that travels raw.
+Backpressure and pending bytes count tensor bytes; the token bucket, `stats()` and the link
+monitor's sent bytes count wire bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ import numpy as np
 
 from prfaas.core.errors import ConfigError, TransportError
 from prfaas.core.units import MIB
+from prfaas.policy.compression import MODES, CodecSpeed, choose_compression
+from prfaas.transport import codec as codecs
 from prfaas.transport.channel import Channel, TlsChannel, TlsRefused
 from prfaas.transport.errors import ConnectFailed
 from prfaas.transport.monitor import LinkMonitor
@@ -42,12 +52,15 @@ from prfaas.transport.wire import (
     data_header_unsealed,
     dtype_code,
     end_frame,
+    packed_header,
     seal_header,
 )
 from prfaas.transport.wire import kind_code as to_kind
 
 THREAD_MIN_BYTES = 64 * 1024  # frames at least this big are written from a worker thread
 BATCH_BYTES = 8 * MIB  # an unshaped stream writes up to this much queued data per thread job
+AUTO_SAMPLE_MIN_BYTES = 256 * 1024  # `compression: auto` decides on a tensor at least this big
+AUTO_SAMPLE_MAX_BYTES = 4 * MIB  # ... measuring the codecs on at most this much of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +73,10 @@ class SenderConfig:
     connect_timeout_s: float = 5.0
     io_timeout_s: float = 30.0  # one frame into the kernel
     finish_timeout_s: float = 300.0  # a whole request's queued frames into the kernel
+    compression: str = "none"  # none | lz4 | zstd | auto (policy/compression.py)
+    # the link's rate for `auto` when this sender does not shape it (netns, a shared bucket);
+    # None: rate_gbps (and None there too: an unshaped link, which auto never compresses)
+    link_rate_gbps: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_connections", "chunk_bytes", "max_inflight_bytes"):
@@ -70,6 +87,11 @@ class SenderConfig:
                 raise ConfigError(name, getattr(self, name), "must be positive")
         if self.rate_gbps is not None and not self.rate_gbps > 0:
             raise ConfigError("rate_gbps", self.rate_gbps, "must be positive or None")
+        if self.compression not in MODES:
+            raise ConfigError("compression", self.compression,
+                              f"must be one of {', '.join(MODES)}")
+        if self.link_rate_gbps is not None and not self.link_rate_gbps > 0:
+            raise ConfigError("link_rate_gbps", self.link_rate_gbps, "must be positive or None")
 
 
 _POLL_HANGUP = getattr(select, "POLLRDHUP", 0x2000)  # the peer shut its side (Linux)
@@ -82,6 +104,8 @@ class _Frame:
     # parallel across connections and while the payload is about to be read anyway.
     header: bytes | FrameHeader
     payload: memoryview | bytes
+    codec: str | None = None  # compress the payload with this codec before it is sent
+    queued_nbytes: int = 0  # what `_enqueue` counted (tensor bytes), given back by `_sent`
 
     @property
     def nbytes(self) -> int:
@@ -92,12 +116,28 @@ class _Frame:
         h = self.header
         return h if isinstance(h, bytes) else seal_header(h, self.payload)
 
+    def pack(self) -> None:
+        """Compress the payload when the frame asks for it and it shrinks (any thread)."""
+        name, self.codec = self.codec, None
+        if name is None or not isinstance(self.header, FrameHeader):
+            return
+        packed = codecs.compress(name, self.payload)
+        if packed is not None:
+            self.header = packed_header(self.header, codecs.codec_id(name), len(packed))
+            self.payload = packed
+
+
+def _pack_batch(batch: list[_Frame]) -> None:
+    for f in batch:
+        f.pack()
+
 
 @dataclass(slots=True)
 class _Request:
     num_tensors: int = 0
     tensor_bytes: int = 0
     unsent_frames: int = 0
+    wire_payload_bytes: int = 0  # DATA payload bytes sent (compressed where they were)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -118,6 +158,8 @@ class SenderStats:
     per_connection_bytes: tuple[int, ...]
     pending_bytes: int
     retransmits: int
+    codec: str | None = None  # the codec in use ("none", "lz4", "zstd"; None: auto undecided)
+    compressed_frames: int = 0  # DATA frames that travelled compressed
 
 
 class KVSender:
@@ -139,6 +181,11 @@ class KVSender:
         self._space = asyncio.Condition()
         self._error: TransportError | None = None
         self._pool: ThreadPoolExecutor | None = None
+        mode = self.config.compression
+        self.codec: str | None = None if mode == "auto" else mode
+        self.codec_speeds: tuple[CodecSpeed, ...] = ()  # what `auto` measured
+        self._compressed_frames = 0
+        self._auto_sample: list[bytes] = []  # small tensors' bytes until `auto` has enough
         if monitor is not None:
             monitor.add_retransmit_source(self.tcp_retransmits)
 
@@ -189,6 +236,9 @@ class KVSender:
         if not array.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
             array = np.ascontiguousarray(array)
         view = array.reshape(-1).view(np.uint8).data
+        if self.codec is None:
+            await self._sample(view)
+        codec = self.codec if self.codec in codecs.CODEC_ID else None
         req = self._requests.setdefault(request_id, _Request())
         req.num_tensors += 1
         req.tensor_bytes += len(view)
@@ -197,12 +247,33 @@ class KVSender:
             chunk = view[offset : offset + step]
             header = data_header_unsealed(request_id, layer, kind_c, name, code, shape,
                                           len(view), offset, len(chunk), crc)
-            await self._enqueue(_Frame(request_id, header, chunk), self._least_loaded())
+            await self._enqueue(_Frame(request_id, header, chunk, codec), self._least_loaded())
+
+    async def _sample(self, view: memoryview) -> None:
+        """`auto`: gather KV to measure the codecs on; decide once there is enough."""
+        if len(view) >= AUTO_SAMPLE_MIN_BYTES:
+            self._auto_sample = []
+            await self._choose_codec([view[:AUTO_SAMPLE_MAX_BYTES]])
+            return
+        self._auto_sample.append(bytes(view))
+        if sum(len(b) for b in self._auto_sample) >= AUTO_SAMPLE_MIN_BYTES:
+            sample, self._auto_sample = self._auto_sample, []
+            await self._choose_codec([memoryview(b) for b in sample])
+
+    async def _choose_codec(self, sample: list[memoryview]) -> None:
+        """`auto`: time the codecs on real KV (in a thread) and fix the choice."""
+        loop = asyncio.get_running_loop()
+        speeds = await loop.run_in_executor(self._pool, codecs.measure, sample)
+        if self.codec is None:  # (another send_array may have decided meanwhile)
+            rate = self.config.link_rate_gbps or self.config.rate_gbps
+            self.codec_speeds = speeds
+            self.codec = choose_compression("auto", rate, self.config.num_connections, speeds)
 
     async def finish(self, request_id: int, timeout_s: float | None = None,
-                     manifest: bytes = b"") -> None:
+                     manifest: bytes = b"") -> int:
         """Send END on every connection (the `manifest` travels on the first one); wait until
-        all of the request's frames are sent."""
+        all of the request's frames are sent. Returns the request's DATA payload bytes as they
+        crossed the wire (its tensor bytes, less what compression saved)."""
         self._check()
         req = self._requests.setdefault(request_id, _Request())
         n = len(self._streams)
@@ -210,6 +281,7 @@ class KVSender:
             info = EndInfo(req.num_tensors, req.tensor_bytes, n, i, manifest if i == 0 else b"")
             await self._enqueue(_Frame(request_id, end_frame(request_id, info), b""), stream)
         await self._await_drained(request_id, req, timeout_s)
+        return req.wire_payload_bytes
 
     async def abort(self, request_id: int, reason: str) -> None:
         """Tell the receiver the request is abandoned (it fails the request's waiter)."""
@@ -257,7 +329,8 @@ class KVSender:
     def stats(self) -> SenderStats:
         per = tuple(s.sent_bytes for s in self._streams)
         return SenderStats(sum(per), sum(s.sent_frames for s in self._streams), per,
-                           self._inflight_bytes, self.tcp_retransmits())
+                           self._inflight_bytes, self.tcp_retransmits(), self.codec,
+                           self._compressed_frames)
 
     def tcp_retransmits(self) -> int:
         return sum(tcp_retransmits(s.chan.sock) for s in self._streams)
@@ -282,6 +355,7 @@ class KVSender:
         async with self._space:
             await self._space.wait_for(may_go)
         self._check()
+        frame.queued_nbytes = n
         self._inflight_bytes += n
         stream.queued_bytes += n
         if self.monitor is not None:
@@ -316,6 +390,7 @@ class KVSender:
         try:
             while True:
                 batch = self._batch(stream, await stream.queue.get())
+                await self._pack(batch, what)
                 nbytes = sum(f.nbytes for f in batch)
                 if self._bucket is not None:
                     await self._bucket.acquire(nbytes)
@@ -331,6 +406,17 @@ class KVSender:
         except (TransportError, OSError) as exc:
             await self._fail(translate(exc, what))
 
+    async def _pack(self, batch: list[_Frame], what: str) -> None:
+        """Compress the batch's payloads before they are paced (the bucket counts wire
+        bytes): in a worker thread, or on the loop when the batch is small."""
+        if not any(f.codec for f in batch):
+            return
+        if sum(len(f.payload) for f in batch) < THREAD_MIN_BYTES:
+            _pack_batch(batch)
+            return
+        loop = asyncio.get_running_loop()
+        await with_timeout(loop.run_in_executor(self._pool, _pack_batch, batch), None, what)
+
     def _batch(self, stream: _Stream, first: _Frame) -> list[_Frame]:
         """`first` plus what is already queued behind it (one frame at a time when shaped, so
         the token bucket paces frames, not bursts of them)."""
@@ -341,15 +427,18 @@ class KVSender:
         return batch
 
     async def _sent(self, stream: _Stream, frame: _Frame) -> None:
-        n = frame.nbytes
+        n, wire = frame.queued_nbytes, frame.nbytes
         stream.queued_bytes -= n
-        stream.sent_bytes += n
+        stream.sent_bytes += wire
         stream.sent_frames += 1
         if self.monitor is not None:
             self.monitor.remove_pending(n)
-            self.monitor.record_sent(n)
+            self.monitor.record_sent(wire)
         req = self._requests[frame.request_id]
         req.unsent_frames -= 1
+        if isinstance(frame.header, FrameHeader):  # a DATA frame
+            req.wire_payload_bytes += len(frame.payload)
+            self._compressed_frames += frame.header.codec != 0
         if req.unsent_frames == 0:
             req.drained.set()
         async with self._space:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import TypeVar
 
@@ -31,6 +31,10 @@ VERSION = 3  # 3: payload checksum CRC-32 (ISA-L), was CRC-32C
 MAX_NDIM = 6
 NAME_BYTES = 16
 PAYLOAD_CHECKSUM = 0x01  # flags bit: payload_crc holds the payload's CRC-32
+# flags bits 1-2 of a DATA frame: the payload's codec (0 raw, 1 lz4, 2 zstd; transport/codec.py)
+CODEC_SHIFT = 1
+CODEC_MASK = 0x06
+_CODEC_IDS = (1, 2)
 # magic, version, frame type, kind, dtype, request id, layer, ndim, flags, (2 pad), name,
 # shape[6], total bytes, chunk offset, chunk bytes, payload crc; the header crc follows.
 _BODY = struct.Struct("<4sBBBBQIBB2x16s6QQQII")
@@ -153,6 +157,12 @@ class FrameHeader:
     def payload_checksummed(self) -> bool:
         return bool(self.flags & PAYLOAD_CHECKSUM)
 
+    @property
+    def codec(self) -> int:
+        """0: the payload is the tensor's bytes; else the codec id its payload is packed with
+        (transport/codec.py: a length prefix, then the codec's output)."""
+        return (self.flags & CODEC_MASK) >> CODEC_SHIFT
+
 
 @dataclass(frozen=True, slots=True)
 class EndInfo:
@@ -196,8 +206,11 @@ def decode_header(raw: bytes | bytearray | memoryview, limits: Limits) -> FrameH
     (want_crc,) = _CRC.unpack(bytes(raw[_BODY.size : HEADER_BYTES]))
     if checksum(body) != want_crc:
         raise ChecksumMismatch(f"header crc32c={want_crc:#010x}: computed {checksum(body):#010x}")
-    if flags & ~PAYLOAD_CHECKSUM:
+    if flags & ~(PAYLOAD_CHECKSUM | CODEC_MASK):
         raise BadHeader(f"flags={flags:#04x}: unknown bits")
+    codec = (flags & CODEC_MASK) >> CODEC_SHIFT
+    if codec and (codec not in _CODEC_IDS or ftype != FrameType.DATA):
+        raise BadHeader(f"flags={flags:#04x}: codec {codec} unknown or on a non-DATA frame")
     h = FrameHeader(
         frame_type=_enum(FrameType, ftype, "frame_type"),
         request_id=rid,
@@ -257,6 +270,8 @@ def _check_lengths(h: FrameHeader, limits: Limits) -> None:
                        f"total_bytes={h.total_bytes}")
     if h.chunk_bytes == 0 and h.total_bytes > 0:
         raise BadShape("chunk_bytes=0 in a non-empty tensor")
+    if h.codec and h.chunk_bytes <= 4:
+        raise BadShape(f"compressed chunk_bytes={h.chunk_bytes}: no room for its length prefix")
     if h.frame_type == FrameType.END and not (
             _END.size <= h.total_bytes <= _END.size + limits.max_manifest_bytes):
         raise BadShape(f"END payload total_bytes={h.total_bytes}: expected {_END.size} plus a "
@@ -280,6 +295,20 @@ def data_header_unsealed(request_id: int, layer: int, kind: Kind, name: str, dty
     """A DATA header whose payload CRC `seal_header` computes later (in the sending thread)."""
     return FrameHeader(FrameType.DATA, request_id, layer, kind, name, dtype, shape, total_bytes,
                        chunk_offset, chunk_bytes, 0, PAYLOAD_CHECKSUM if with_checksum else 0)
+
+
+def packed_header(h: FrameHeader, codec: int, wire_bytes: int) -> FrameHeader:
+    """A DATA header for the same chunk carried compressed: `wire_bytes` of payload."""
+    return replace(h, chunk_bytes=wire_bytes,
+                   flags=(h.flags & ~CODEC_MASK) | (codec << CODEC_SHIFT))
+
+
+def inflated_header(h: FrameHeader, raw_bytes: int, limits: Limits) -> FrameHeader:
+    """The header of a compressed chunk as the tensor sees it: `raw_bytes` of tensor from
+    `chunk_offset`, codec bits clear; validated like any header (BadShape, FrameTooLarge)."""
+    out = replace(h, chunk_bytes=raw_bytes, flags=h.flags & ~CODEC_MASK)
+    _check_lengths(out, limits)
+    return out
 
 
 def seal_header(h: FrameHeader, payload: bytes | memoryview) -> bytes:

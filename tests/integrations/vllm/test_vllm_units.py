@@ -87,6 +87,18 @@ def test_worker_becomes_the_right_vllm_command() -> None:
     assert specs["pd-d"].environ()["VLLM_CPU_OMP_THREADS_BIND"] == dec.cores
 
 
+def test_link_compression_reaches_the_producers_sender_only() -> None:
+    from prfaas.integrations.vllm.deploy import worker_spec
+
+    topo = load_topology(LLAMA).with_ports()
+    topo = replace(topo, link=replace(topo.link, compression="zstd"))
+    specs = {w.role: worker_spec(topo, w) for w in topo.workers}
+    assert specs["prfaas"].extra["compression"] == "zstd"
+    assert specs["prfaas"].extra["link_rate_gbps"] == topo.link.rate_gbps  # what auto reads
+    assert "compression" not in specs["pd-p"].extra  # the intra link stays uncompressed
+    assert "compression" not in specs["pd-d"].extra  # a receiver reads the frames' codec bits
+
+
 def test_served_model_geometry_from_hf_config(tmp_path: Path) -> None:
     from prfaas.integrations.vllm.served_model import ServedModel
     from prfaas.models.kv import geometry
@@ -175,6 +187,35 @@ def test_send_link_reconnects_to_a_receiver_restarted_on_the_same_port() -> None
         send.stop()
         if second is not None:
             second.stop()
+
+
+def test_connector_links_carry_zstd_frames_bit_exact() -> None:
+    """The connector's links are the transport's KVSender / KVReceiver: a producer configured
+    with zstd ships compressed frames, and the consumer's tensors are the bf16 words sent."""
+    import torch
+
+    arrived: list[tuple[int, int, str, np.ndarray]] = []
+    recv = RecvLink(ReceiverConfig(port=0), lambda *t: arrived.append((*t[:3], t[3].copy())))
+    send = SendLink(SenderConfig(num_connections=2, chunk_bytes=64 * 1024, compression="zstd"))
+    try:
+        dest = ("127.0.0.1", recv.receiver.port)
+        rng = np.random.default_rng(5)
+        layers = [torch.from_numpy(rng.standard_normal((16, 8192)).astype(np.float32))
+                  .to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+                  for _ in range(2)]
+        recv.expect(12, 20.0)
+        for i, a in enumerate(layers):
+            send.submit(dest, Tensor(12, i, f"b{i}", a, bfloat16=True))
+        send.submit(dest, Finish(12))
+        [done] = _wait(recv, 1)
+        assert done.error is None
+        for tid, layer, _, a in arrived:
+            assert tid == 12 and np.array_equal(a, layers[layer])
+        assert len(arrived) == 2 and recv.receiver.stats.compressed_frames > 0
+        assert recv.receiver.stats.received_bytes < sum(a.nbytes for a in layers)
+    finally:
+        send.stop()
+        recv.stop()
 
 
 def test_recv_link_reports_a_timeout_and_a_lost_peer_as_failures() -> None:

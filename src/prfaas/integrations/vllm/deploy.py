@@ -42,6 +42,8 @@ def worker_spec(topology: Topology, worker: WorkerSpec,
     else:
         role = "kv_producer"
         conf = {"rate_gbps": link.sender_rate_gbps, "connections": link.connections}
+        if link.compression != "none":  # the connector's KVSender compresses (transport/codec.py)
+            conf.update(compression=link.compression, link_rate_gbps=link.rate_gbps)
     conf.update(tls_extra(topology, worker))
     conf.update(extra or {})
     events: tuple[str, ...] = ()

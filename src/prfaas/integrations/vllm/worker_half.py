@@ -54,6 +54,10 @@ def layer_index(name: str, fallback: int) -> int:
     return int(m.group(1)) if m else fallback
 
 
+def _optional_float(raw: object) -> float | None:
+    return None if raw is None else float(raw)  # type: ignore[arg-type]
+
+
 @dataclass(slots=True)
 class _Incoming:
     job: LoadJob | None = None
@@ -109,7 +113,9 @@ class WorkerHalf:
             self.send = SendLink(SenderConfig(
                 num_connections=int(extra.get("connections", 4)),
                 rate_gbps=None if rate is None else float(rate),
-                chunk_bytes=int(extra.get("chunk_bytes", 2**20))),
+                chunk_bytes=int(extra.get("chunk_bytes", 2**20)),
+                compression=str(extra.get("compression", "none")),
+                link_rate_gbps=_optional_float(extra.get("link_rate_gbps"))),
                 tls=tls.client() if tls else None, peer_name=tls.decoder_name if tls else None)
         if consumer:
             self.recv = RecvLink(ReceiverConfig(

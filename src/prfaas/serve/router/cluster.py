@@ -10,18 +10,21 @@ model when one is known (`prefill_models`: an emulated worker's hardware profile
 c2 l^2 + c1 l + c0, times an EWMA of measured / predicted), else from the seconds per
 computed token of the worker's last report (a prior until then), which misjudges long prompts
 under quadratic attention cost. KV transfer time comes from the model's KV geometry and the
-topology's link rate. The link status is what the threshold controller and the
+topology's link rate, times the fraction of its bytes that crossed the wire on that link so far
+(an EWMA of the prefill workers' reports; 1 until one reports, and always 1 without
+`link.compression`). The link status is what the threshold controller and the
 cache-aware regime switch read: capacity = the topology's `link.rate_gbps` (the token bucket's
 rate) or what link telemetry last reported (`POST /link {capacity_gbps}` on the router),
-egress = the router's LinkMonitor over the last `LINK_WINDOW_S`, fed with the bytes each
-PrfaaS prefill reports having shipped, and pending = the predicted KV bytes of PrfaaS requests
-dispatched but not yet delivered. The PrfaaS queue is each worker's in-flight requests and
-their predicted prefill seconds. Workers the membership layer holds down are left out of
-`instances`, so a policy never picks one. The clock is read here, never in the policy: `now_s` is a
-snapshot taken when the view is built, and every worker's queued work is read at that instant.
-`instances(cluster, role)` is a `RankedPool` (serve/router/live_pool.py) that this bookkeeping keeps
-ranked as requests start and finish, workers measure themselves and go down or up, so the
-policy's decision reads a few workers, not all, and decides as a scan of them would.
+egress = the router's LinkMonitor over the last `LINK_WINDOW_S`, fed with the bytes each PrfaaS
+prefill reports having put on the wire (compressed, where it compresses), and pending = the
+predicted KV bytes of PrfaaS requests dispatched but not yet delivered. The PrfaaS queue is each
+worker's in-flight requests and their predicted prefill seconds. Workers the membership layer
+holds down are left out of `instances`, so a policy never picks one. The clock is read here, never
+in the policy: `now_s` is a snapshot taken when the view is built, and every worker's queued work
+is read at that instant. `instances(cluster, role)` is a `RankedPool` (serve/router/live_pool.py)
+that this bookkeeping keeps ranked as requests start and finish, workers measure themselves and go
+down or up, so the policy's decision reads a few workers, not all, and decides as a scan of them
+would.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class LiveCluster:
         self.loads = {w.name: _Load(w, model=(models or {}).get(w.name))
                       for w in topology.workers}
         self.monitor = LinkMonitor(window_s=LINK_WINDOW_S)
+        self._wire_fraction: dict[str, float] = {}  # cluster -> EWMA of wire / KV bytes
         order = {w.name: k for k, w in enumerate(topology.workers)}
         self._pools: dict[tuple[str, Role], LivePool] = {
             (w.cluster, _role(w)): LivePool(_role(w), order) for w in topology.workers}
@@ -139,15 +143,25 @@ class LiveCluster:
             load.seconds_per_token = prefill_s / computed
         self._pool_of(load).touch(load)
 
-    def shipped(self, worker: WorkerSpec, kv_bytes: int) -> None:
+    def shipped(self, worker: WorkerSpec, kv_bytes: int, wire_bytes: int | None = None
+                ) -> None:
+        """A prefill shipped `kv_bytes` of KV as `wire_bytes` on its link (None: as is)."""
+        wire = kv_bytes if wire_bytes is None else wire_bytes
+        if kv_bytes > 0 and wire_bytes is not None:
+            old = self._wire_fraction.get(worker.cluster, 1.0)
+            self._wire_fraction[worker.cluster] = (1 - EWMA) * old + EWMA * wire / kv_bytes
         if worker.role == "prfaas":
-            self.monitor.record_sent(kv_bytes)
+            self.monitor.record_sent(wire)
+
+    def wire_fraction(self, worker: WorkerSpec) -> float:
+        """Wire bytes per KV byte on `worker`'s link, as measured (1.0 until it reports)."""
+        return self._wire_fraction.get(worker.cluster, 1.0)
 
     def kv_expected_bytes(self, worker: WorkerSpec, shipped_tokens: int) -> int:
         """Predicted KV bytes a PrfaaS prefill will put on the link (0 for local prefill)."""
         if worker.role != "prfaas":
             return 0
-        return int(self.geometry.size_bytes(max(shipped_tokens, 1)))
+        return int(self.geometry.size_bytes(max(shipped_tokens, 1)) * self.wire_fraction(worker))
 
     def link_capacity_gbps(self) -> float:
         """The inter-DC capacity: what link telemetry last reported (POST /link on the

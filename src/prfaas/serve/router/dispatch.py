@@ -59,6 +59,7 @@ class Outcome:
     router_cached_tokens: dict[str, int] = field(default_factory=dict)
     decode_cached_tokens: int = 0  # prompt tokens the decode node already held (not shipped)
     kv_bytes: int = 0
+    kv_wire_bytes: int | None = None  # kv_bytes as they crossed the link; None: not reported
     prefill_s: float = 0.0
     prefill_queue_s: float = 0.0  # waiting at the prefill worker before compute
     transfer_tail_s: float = 0.0  # prefill end -> last KV frame acknowledged
@@ -81,6 +82,7 @@ class Outcome:
                 "decode_node": self.decode_node, "cached_tokens": self.cached_tokens,
                 "decode_cached_tokens": self.decode_cached_tokens,
                 "router_cached_tokens": self.router_cached_tokens, "kv_bytes": self.kv_bytes,
+                "kv_wire_bytes": self.kv_wire_bytes,
                 "threshold_tokens": self.threshold_tokens, "prefill_s": self.prefill_s,
                 "prefill_queue_s": self.prefill_queue_s, "transfer_tail_s": self.transfer_tail_s,
                 "kv_ready_unix_s": self.kv_ready_unix_s,
@@ -249,7 +251,8 @@ class Dispatcher:
         """How long the KV may take after the prefill computed: the predicted transfer time
         on this worker's link, times a margin, with a floor (resilience.DeadlineSpec)."""
         rate = self.topology.link_of(pre).rate_gbps or UNSHAPED_GBPS
-        predicted_s = self.cluster.geometry.size_bytes(max(shipped_tokens, 1)) * 8 / (rate * 1e9)
+        predicted_s = (self.cluster.geometry.size_bytes(max(shipped_tokens, 1))
+                       * self.cluster.wire_fraction(pre) * 8 / (rate * 1e9))
         return min(self.topology.kv_deadline.deadline_s(predicted_s), self.topology.timeouts.kv_s)
 
     def _apply_report(self, pre: WorkerSpec, report: AttemptReport, out: Outcome) -> None:
@@ -261,6 +264,7 @@ class Dispatcher:
         if not report.prefill_done:
             return
         out.cached_tokens, out.kv_bytes = report.cached_tokens, report.kv_bytes
+        out.kv_wire_bytes = report.kv_wire_bytes
         out.prefill_s, out.prefill_queue_s = report.prefill_s, report.prefill_queue_s
         out.transfer_tail_s = report.transfer_tail_s
         out.transfers += 1
@@ -270,7 +274,7 @@ class Dispatcher:
             self.cluster.measured(pre.name, report.prefill_s,
                                   report.cached_tokens + report.computed_tokens,
                                   report.cached_tokens)
-        self.cluster.shipped(pre, report.kv_bytes)
+        self.cluster.shipped(pre, report.kv_bytes, report.kv_wire_bytes)
 
     def _apply_cache(self, pool: str, delta: object) -> None:
         if not isinstance(delta, Mapping):

@@ -91,6 +91,7 @@ class PrefillWorker:
             "cache": {"entries": self.store.num_entries, "used_bytes": self.store.used_bytes,
                       "hits": self.store.hits, "misses": self.store.misses},
             "link": {"rate_gbps": self.link.rate_gbps, "connections": self.link.connections,
+                     "compression": self.link.compression, "codecs": self._codecs(),
                      "egress_bytes_per_s": sample.egress_bytes_per_s,
                      "pending_bytes": sample.pending_bytes, "retransmits": sample.retransmits,
                      "sent_bytes": sample.total_sent_bytes},
@@ -171,7 +172,7 @@ class PrefillWorker:
         if on_computed is not None:
             await on_computed()
         try:  # the tail of the layer stream, outside the engine lock, within the KV deadline
-            kv_bytes = await asyncio.wait_for(
+            kv_bytes, wire_bytes = await asyncio.wait_for(
                 self._tail(pump, sender, builder, rid, result, ship_from, len(token_ids)),
                 deadline_s)
         except TimeoutError as exc:
@@ -187,18 +188,20 @@ class PrefillWorker:
         self.served += 1
         return {"first_token": result.first_token, "cached_tokens": len(token_ids) - computed,
                 "computed_tokens": computed, "shipped_tokens": len(token_ids) - ship_from,
-                "kv_bytes": kv_bytes, "queue_s": t_start - t_arrive,
+                "kv_bytes": kv_bytes, "kv_wire_bytes": wire_bytes, "queue_s": t_start - t_arrive,
                 "prefill_s": t_computed - t_start, "transfer_tail_s": t_done - t_computed,
                 "cache": delta.to_json(),
                 **_prompt_reply(token_ids, result.prompt_logits, prompt_k)}
 
     async def _tail(self, pump: asyncio.Task[int], sender: KVSender, builder: ManifestBuilder,
-                    rid: int, result: Any, ship_from: int, num_tokens: int) -> int:
+                    rid: int, result: Any, ship_from: int, num_tokens: int) -> tuple[int, int]:
+        """The KV's tensor bytes and its bytes on the wire (less with link.compression)."""
         kv_bytes = await pump
         kv_bytes += await self._send_meta(sender, builder, rid, result.kv, result.logits,
                                           ship_from, num_tokens)
-        await sender.finish(rid, self.topology.timeouts.kv_s, manifest=await builder.encode())
-        return kv_bytes
+        wire_bytes = await sender.finish(rid, self.topology.timeouts.kv_s,
+                                         manifest=await builder.encode())
+        return kv_bytes, wire_bytes
 
     async def _compute(self, rid: int, token_ids: list[int], ship_from: int,
                        prefix: SequenceKV | None, sender: KVSender, builder: ManifestBuilder,
@@ -252,6 +255,8 @@ class PrefillWorker:
                 t = self.topology.timeouts
                 config = SenderConfig(num_connections=self.link.connections,
                                       rate_gbps=self.link.sender_rate_gbps,
+                                      compression=self.link.compression,
+                                      link_rate_gbps=self.link.rate_gbps,
                                       connect_timeout_s=t.connect_s, io_timeout_s=t.kv_s,
                                       finish_timeout_s=t.kv_s)
                 sender = KVSender(dest[0], dest[1], config, self.monitor, tls=self.kv_tls,
@@ -259,6 +264,10 @@ class PrefillWorker:
                 await sender.connect()
                 self._senders[dest] = sender
             return sender
+
+    def _codecs(self) -> dict[str, str | None]:
+        """Each open sender's codec (what `compression: auto` chose; None: undecided)."""
+        return {f"{h}:{p}": s.codec for (h, p), s in self._senders.items()}
 
     def _decoder_name(self, dest: tuple[str, int]) -> str | None:
         """The topology name of the decode worker at `dest` (its certificate must carry it).

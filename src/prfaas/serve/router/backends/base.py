@@ -74,6 +74,7 @@ class AttemptReport:
     cached_tokens: int = 0  # prompt tokens the prefill worker did not recompute
     computed_tokens: int = 0
     kv_bytes: int = 0
+    kv_wire_bytes: int | None = None  # what crossed the link (link.compression); None: unknown
     prefill_s: float = 0.0
     prefill_queue_s: float = 0.0
     transfer_tail_s: float = 0.0

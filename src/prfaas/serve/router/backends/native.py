@@ -131,6 +131,8 @@ def _prefill_done(pre: WorkerSpec, reply: dict[str, Any], report: AttemptReport)
     report.cached_tokens = int(reply.get("cached_tokens", 0))
     report.computed_tokens = int(reply.get("computed_tokens", 0))
     report.kv_bytes = int(reply.get("kv_bytes", 0))
+    if reply.get("kv_wire_bytes") is not None:
+        report.kv_wire_bytes = int(reply["kv_wire_bytes"])
     report.prefill_s = float(reply.get("prefill_s", 0.0))
     report.prefill_queue_s = float(reply.get("queue_s", 0.0))
     report.transfer_tail_s = float(reply.get("transfer_tail_s", 0.0))
