@@ -77,7 +77,7 @@ def test_a_wrong_scale_is_refused_by_the_manifest() -> None:
         verify(received, binding, LAYER_KINDS)
 
 
-def test_topology_wire_dtype_native_only() -> None:
+def test_topology_wire_dtype_native_and_vllm() -> None:
     import yaml
     from serve_helpers import topology
 
@@ -91,6 +91,13 @@ def test_topology_wire_dtype_native_only() -> None:
         topology(link={"rate_gbps": 0.5, "wire_dtype": "int4"})
     repo = Path(__file__).resolve().parents[2]
     raw = yaml.safe_load((repo / "topologies" / "vllm-local.yaml").read_text())
-    raw["link"] = {**raw.get("link", {}), "wire_dtype": "fp8_e4m3"}
-    with pytest.raises(ConfigError, match="engine vllm ships KV as cached"):
+    raw["link"] = {**raw.get("link", {}), "wire_dtype": "fp8"}
+    vllm = parse_topology(raw)  # PrfaasConnector encodes fp8 (integrations/vllm/wire_quant.py)
+    from prfaas.integrations.vllm.deploy import worker_spec
+
+    extra = {w.name: worker_spec(vllm, w).extra for w in vllm.workers}
+    assert extra["prfaas-0"]["wire_dtype"] == "fp8_e4m3"  # the inter-DC link's producer
+    assert "wire_dtype" not in extra["pdp-0"] and "wire_dtype" not in extra["pdd-0"]
+    raw["link"]["wire_dtype"] = "bf16"  # not encoded by the connector: refused, not ignored
+    with pytest.raises(ConfigError, match="engine vllm ships KV as cached; it encodes fp8_e4m3"):
         parse_topology(raw)
