@@ -42,6 +42,10 @@ class VllmEngineBackend(EngineBackend):
         model, geo = self._model()
         return ModelCard(model.name, model.max_context_tokens, model.block_size_tokens, geo)
 
+    def cache_dtype(self) -> str:
+        # from the instances' arguments (no model files needed): bf16 on this CPU build
+        return ServedModel.from_settings(settings(self.topology)).dtypes()[0]
+
     def tokenizer(self) -> Any:
         return self._model()[0].tokenizer()
 
