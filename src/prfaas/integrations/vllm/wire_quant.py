@@ -48,7 +48,8 @@ class BlockLayout:
                                  f"size {v} is not a layout the connector quantizes")
         return cls(int(spec.num_kv_heads), int(spec.block_size), int(spec.head_size))
 
-    def _check(self, blocks: torch.Tensor, dim: int) -> int:
+    def check(self, blocks: torch.Tensor, dim: int) -> int:
+        """The number of blocks; a TransportError for a layout this does not know."""
         h, n, d = self.num_kv_heads, self.block_size, self.head_size
         cpu = dim == 0 and tuple(blocks.shape[1:]) == (h, n, 2 * d)
         flash = dim == 1 and blocks.shape[0] == 2 and tuple(blocks.shape[2:]) == (n, h, d)
@@ -60,7 +61,7 @@ class BlockLayout:
 
     def token_major(self, blocks: torch.Tensor, dim: int) -> np.ndarray:
         """Gathered blocks -> float32 [n*N, H, 2, D]."""
-        nb = self._check(blocks, dim)
+        nb = self.check(blocks, dim)
         h, n, d = self.num_kv_heads, self.block_size, self.head_size
         x = blocks.detach().to("cpu", torch.float32)
         if dim == 0:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from prfaas.core.errors import TransportError
 from prfaas.integrations.vllm import kv_security as sec
 from prfaas.integrations.vllm.blocks import (
     WIRE_CONV_LAYOUT,
@@ -141,6 +142,27 @@ class WorkerHalf:
         for i, name in enumerate(sorted(kv_caches)):
             self.index_of[name] = layer_index(name, i)
         self.name_of = {i: n for n, i in self.index_of.items()}
+        self.fp8_layouts = self._fp8_layouts()
+
+    def _fp8_layouts(self) -> dict[str, BlockLayout | None]:
+        """Each attention layer's layout for fp8 on the wire (None: a cache it cannot quantize,
+        which then travels as cached); with the instance's wire dtype fp8 such a cache fails
+        the start, not a request's forward."""
+        out: dict[str, BlockLayout | None] = {}
+        for name, cache in self.caches.items():
+            g = self.group_of.get(name)
+            spec = self.groups[g].kv_cache_spec if g is not None else None
+            if spec is None or hasattr(spec, "shapes") or not isinstance(cache, torch.Tensor):
+                continue  # not an attention layer (GDN states keep their dtype)
+            try:
+                layout = BlockLayout.of(spec)
+                layout.check(cache, self._dim(cache))
+                out[name] = layout
+            except (TransportError, AttributeError) as exc:
+                if self.wire_dtype == FP8:
+                    raise TransportError(f"wire_dtype {FP8}: layer {name}: {exc}") from exc
+                out[name] = None
+        return out
 
     def layout_fingerprint(self) -> int:
         parts = [f"conv-wire:{WIRE_CONV_LAYOUT}"]
@@ -191,11 +213,11 @@ class WorkerHalf:
                 continue
             blocks = gather(kv_layer, ids, self._dim(kv_layer))
             wire = job.wire_dtype or self.wire_dtype
-            if wire == FP8 and blocks.element_size() > 1:  # a 1-byte cache is fp8 already
-                spec = self.groups[g].kv_cache_spec
+            layout = self.fp8_layouts.get(layer_name)
+            if wire == FP8 and layout is not None and blocks.element_size() > 1:  # (1 byte: fp8)
                 items = [Tensor(job.transfer_id, layer, name, array) for name, array in
-                         encode_blocks(blocks, self._dim(kv_layer), BlockLayout.of(spec),
-                                       job.num_tokens - start * spec.block_size, f"b{start}")]
+                         encode_blocks(blocks, self._dim(kv_layer), layout,
+                                       job.num_tokens - start * layout.block_size, f"b{start}")]
             else:
                 array, bf16 = to_wire(blocks)
                 items = [Tensor(job.transfer_id, layer, f"b{start}", array, bf16)]
