@@ -54,12 +54,14 @@ OUT = REPO / "benchmarks" / "results" / "vllm_wire_quality.json"
 TOKENS = 16  # continuation tokens compared per prompt
 TOP = 20  # vLLM's default max_logprobs
 # across the 128-token block, the 16-token scale block and the 1024-token prefill chunk
-LENGTHS = (60, 127, 128, 129, 700, 1023, 1024, 1025, 1500, 2100)
+# (1025 and 2049 = 1024k + 1: on qwen3_next the P/D path then equals the single instance exactly)
+LENGTHS = (60, 127, 128, 129, 700, 1023, 1024, 1025, 1500, 2049)
 MODELS = {"llama": "vllm-local-llama.yaml", "qwen3_next": "vllm-local.yaml"}
 LABELS = {"llama": "vLLM tiny llama (bf16 cache)",
           "qwen3_next": "vLLM tiny qwen3_next (GDN:attention 3:1, bf16 cache)"}
 VARIANTS = {"bf16 again": {}, "fp8_e4m3": {"send": {"wire_dtype": "fp8_e4m3"}},
             "int4_per_tensor (control)": {"recv": {"fault": "int4_kv"}}}
+SHORT_TOKENS = 700  # below: a prompt of at most one 128-token block and a bit
 MAX_SEGMENTS = 4  # forced segments per prompt and variant (a coarse control diverges often)
 _tid = count(10**7)
 
@@ -168,7 +170,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "greedy_equal_fraction": float(np.mean([r["greedy_equal"] for r in rows])),
             "reference_outside_top20": int(sum(r["outside_top"] for r in rows)),
             "requests": int(sum(2 * r["segments"] - 1 for r in rows)),
-            "kv_bytes_total": int(sum(r["kv_bytes"] for r in rows))}
+            "kv_bytes_total": int(sum(r["kv_bytes"] for r in rows)),
+            # the worst teacher-forced error of prompts shorter than SHORT_TOKENS, and of the rest
+            "max_abs_err_by_prompt_length": {
+                f"under_{SHORT_TOKENS}": max((max(r["abs_err"]) for r in rows
+                                              if r["length"] < SHORT_TOKENS), default=None),
+                f"from_{SHORT_TOKENS}": max((max(r["abs_err"]) for r in rows
+                                             if r["length"] >= SHORT_TOKENS), default=None)},
+            # per prompt, in prompt order: (length, first token's error, worst error)
+            "per_prompt": [[r["length"], r["abs_err"][0], max(r["abs_err"])] for r in rows]}
 
 
 def run_model(arch: str, count_: int, seed: int, root: Path) -> dict[str, Any]:
@@ -185,7 +195,8 @@ def run_model(arch: str, count_: int, seed: int, root: Path) -> dict[str, Any]:
             ref = pd(dep.topology, prompt, TOKENS)
             ref_bytes += ref.kv_bytes
             for name, variant in VARIANTS.items():
-                per[name].append(teacher_forced(dep.topology, prompt, ref, variant))
+                row = teacher_forced(dep.topology, prompt, ref, variant)
+                per[name].append({**row, "length": len(prompt)})
             print(f"{arch} prompt {i} ({len(prompt)} tokens, "
                   f"{time.perf_counter() - t0:.0f} s): " + ", ".join(
                 f"{n} max {max(per[n][-1]['abs_err']):.2e}" for n in VARIANTS), flush=True)
@@ -197,7 +208,7 @@ def run_model(arch: str, count_: int, seed: int, root: Path) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", type=int, default=12, help="per model")
+    ap.add_argument("--prompts", type=int, default=20, help="per model")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--models", default=",".join(MODELS))
     args = ap.parse_args()
