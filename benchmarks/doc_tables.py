@@ -699,18 +699,20 @@ def live_run3_summary(load: Loader) -> str:
 
 
 _WIRE_LABEL = {"fp8_e4m3": "fp8_e4m3 (per 16-token block per head: what the wire sends)",
+               "bf16 again": "bf16 again (the reference path rerun: its noise floor)",
                "fp8_per_tensor (control)": "fp8, one scale per tensor (coarser)",
                "int4_per_tensor (control)": "int4, one scale per tensor (negative control)"}
 
 
 @table("wire-quality")
 def wire_quality(load: Loader) -> str:
-    """docs/wire-format.md: logprob error of each KV wire variant vs the exact KV."""
+    """docs/wire-format.md: logprob error of each KV wire variant vs the exact KV (native
+    engine, wire_quality.json) or vs bf16 on the wire (vLLM, vllm_wire_quality.json)."""
     data = load("wire_quality.json")
     lines = [_cells(["engine", "KV on the wire",
                      "teacher-forced logprob error mean / p99 / max (nats)",
                      "max error, any token (nats)", "KL mean (nats)", "top-1 agreement",
-                     "greedy 32 tokens equal"]),
+                     "greedy continuation equal (tokens)"]),
              "|---|---|---|---|---|---|---|"]
     for preset, run in data["presets"].items():
         for name, v in run["variants"].items():
@@ -721,7 +723,17 @@ def wire_quality(load: Loader) -> str:
                 f"{preset}, {run['prompts']} prompts", _WIRE_LABEL.get(name, name),
                 f"{e['mean']:.2e} / {e['p99']:.2e} / {e['max']:.2e}",
                 f"{v['max_abs_err_logprob_any_token']:.2e}", f"{v['kl_nats_mean']:.1e}",
-                f"{v['top1_agreement']:.1%}", f"{v['greedy_32_equal_fraction']:.0%}"]))
+                f"{v['top1_agreement']:.1%}",
+                f"{v['greedy_32_equal_fraction']:.0%} ({data['continuation_tokens']})"]))
+    vllm = load("vllm_wire_quality.json")  # top-20 logprobs only: no KL, no any-token error
+    for preset, run in vllm["presets"].items():
+        for name, v in run["variants"].items():
+            e = v["teacher_logprob_abs_err"]
+            lines.append(_cells([
+                f"{preset}, {run['prompts']} prompts", _WIRE_LABEL.get(name, name),
+                f"{e['mean']:.2e} / {e['p99']:.2e} / {e['max']:.2e}", "n/a", "n/a",
+                f"{v['top1_agreement']:.1%}",
+                f"{v['greedy_equal_fraction']:.0%} ({run['continuation_tokens']})"]))
     return "\n".join(lines)
 
 

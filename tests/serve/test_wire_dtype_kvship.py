@@ -77,7 +77,7 @@ def test_a_wrong_scale_is_refused_by_the_manifest() -> None:
         verify(received, binding, LAYER_KINDS)
 
 
-def test_topology_wire_dtype_native_only() -> None:
+def test_topology_wire_dtype_native_and_vllm() -> None:
     import yaml
     from serve_helpers import topology
 
@@ -91,6 +91,33 @@ def test_topology_wire_dtype_native_only() -> None:
         topology(link={"rate_gbps": 0.5, "wire_dtype": "int4"})
     repo = Path(__file__).resolve().parents[2]
     raw = yaml.safe_load((repo / "topologies" / "vllm-local.yaml").read_text())
-    raw["link"] = {**raw.get("link", {}), "wire_dtype": "fp8_e4m3"}
-    with pytest.raises(ConfigError, match="engine vllm ships KV as cached"):
+    raw["link"] = {**raw.get("link", {}), "wire_dtype": "fp8"}
+    vllm = parse_topology(raw)  # PrfaasConnector encodes fp8 (integrations/vllm/wire_quant.py)
+    from prfaas.integrations.vllm.deploy import worker_spec
+
+    extra = {w.name: worker_spec(vllm, w).extra for w in vllm.workers}
+    assert extra["prfaas-0"]["wire_dtype"] == "fp8_e4m3"  # the inter-DC link's producer
+    assert "wire_dtype" not in extra["pdp-0"] and "wire_dtype" not in extra["pdd-0"]
+    raw["link"]["wire_dtype"] = "bf16"  # not encoded by the connector: refused, not ignored
+    with pytest.raises(ConfigError, match="engine vllm ships KV as cached; it encodes fp8_e4m3"):
         parse_topology(raw)
+
+
+def test_live_plan_of_a_vllm_topology_takes_fp8_against_its_bf16_cache() -> None:
+    """A vLLM profile's KV is a fitted slope of bf16 blocks (no geometry): with fp8 on the link
+    the plan takes half of it plus the scales, not the quarter an fp32 cache would give."""
+    import yaml
+
+    from prfaas.serve.router.plan import live_plan_inputs, load_live_profile
+    from prfaas.serve.topology import parse_topology
+
+    repo = Path(__file__).resolve().parents[2]
+    raw = yaml.safe_load((repo / "topologies" / "vllm-local.yaml").read_text())
+    plain = parse_topology(raw)
+    raw["link"] = {**raw["link"], "wire_dtype": "fp8_e4m3"}
+    fp8 = parse_topology(raw)
+    profile = load_live_profile("vllm-qwen3-next-cpu")
+    assert profile.kv.geometry is None  # the fitted case, where the cache dtype matters
+    ratio = (live_plan_inputs(fp8, profile).kv.per_token_bytes
+             / live_plan_inputs(plain, profile).kv.per_token_bytes)
+    assert 0.5 < ratio < 0.505, ratio  # 1 byte + 4 per 16 x 64 elements, of bf16's 2

@@ -82,6 +82,11 @@ class EngineBackend(ABC):
         seconds-per-token rate from the workers' reports (router/cluster.py)."""
         return {}
 
+    def cache_dtype(self) -> str:
+        """The dtype its workers cache full-attention KV in: a fitted profile's KV slope is
+        taken as it when the link has a wire dtype (router/plan.py). prfaas' engine: fp32."""
+        return "fp32"
+
     def plan_inputs(self) -> PlanInputs | None:
         """A controlled router's planner inputs; None: from the topology's measured profile
         (router/plan.py)."""

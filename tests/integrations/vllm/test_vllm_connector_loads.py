@@ -44,7 +44,7 @@ def _config(layout: str) -> Any:
     conv = CONV_SD if layout == "SD" else CONV_SD[::-1]
     mamba = SimpleNamespace(block_size=BS, shapes=(conv, SSM),
                             dtypes=(torch.bfloat16, torch.float32))
-    attn = SimpleNamespace(block_size=BS)
+    attn = SimpleNamespace(block_size=BS, num_kv_heads=2, head_size=4)  # [n, 2, BS, 2 * 4]
     return SimpleNamespace(num_blocks=NUM_BLOCKS, kv_cache_groups=[
         SimpleNamespace(layer_names=[GDN], kv_cache_spec=mamba),
         SimpleNamespace(layer_names=[ATTN], kv_cache_spec=attn)])
@@ -107,13 +107,14 @@ def _outcome(rx: Any, tid: int, within_s: float = 30.0) -> str:
     raise AssertionError(f"transfer {tid} never reported")
 
 
-def _stream(port: int, tid: int, layout: str = "SD", fp: int = 77) -> Any:
+def _stream(port: int, tid: int, layout: str = "SD", fp: int = 77,
+            wire_dtype: str | None = None) -> Any:
     """A producer half sends one whole request (meta, attention blocks, states, END)."""
     from prfaas.integrations.vllm.metadata import PrfaasMetadata, SaveJob
 
     tx = _half(layout, producer=True)
     job = SaveJob(f"p-{tid}", tid, ("127.0.0.1", port), (([], 0), (list(SRC_BLOCKS), 0)),
-                  TOKENS, fp, True, True, (SRC_SLOT, None))
+                  TOKENS, fp, True, True, (SRC_SLOT, None), wire_dtype=wire_dtype)
     meta = PrfaasMetadata(saves=[job])
     tx.save_layer(meta, ATTN, tx.caches[ATTN])
     tx.end_step(meta)
@@ -314,3 +315,135 @@ def test_a_connection_dropped_mid_layer_is_a_failed_load(pair: Any) -> None:
     outcome = _outcome(rx, 4)
     print(outcome)
     assert outcome.startswith("failed"), outcome
+
+
+# -- fp8 on the wire (wire_quant.py) -------------------------------------------------------------
+CODES_BYTES = 6 * 2 * BS * 8  # one e4m3 code per element of the 6 blocks
+SCALE_BYTES = 6 * BS // 16 * 2 * 2 * 4  # fp32 per 16 tokens, per head (2), per K and V
+
+
+def _fp8_bound(x: Any) -> Any:
+    """|dequantized - x| allowed: e4m3's half step, 2^-4 |x| (normal) or 2^-10 s (subnormal,
+    s = absmax / 448 of the tensor, >= every block's scale), then the store into the bf16 cache
+    rounds once more, 2^-8 of the value (transport/quant.py, docs/wire-format.md)."""
+    x = x.float()
+    s = x.abs().max() / 448
+    q = (1 + 2**-4) * x.abs() + 2**-10 * s
+    return 2**-4 * x.abs() + 2**-10 * s + 2**-8 * q + 1e-6
+
+
+def test_fp8_transfer_lands_within_the_fp8_bound_and_counts_wire_bytes(pair: Any) -> None:
+    rx, port = pair
+    _expect(rx, 7)
+    tx = _stream(port, 7, wire_dtype="fp8_e4m3")
+    try:
+        assert _outcome(rx, 7) == "ok"  # the manifest listed codes and scales as they crossed
+    finally:
+        tx.shutdown()
+    with open(rx._trace_path) as f:
+        tensors = [e for e in map(json.loads, f) if e["ev"] == "tensor"]
+    assert {(e["name"], e["bytes"]) for e in tensors if e["name"].startswith("b")} == {
+        ("b0", CODES_BYTES), ("b0.scale", SCALE_BYTES)}
+    received = sum(e["bytes"] for e in tensors)
+    assert tx.take_sent_bytes() == {"p-7": received}
+    assert received == 24 + CODES_BYTES + SCALE_BYTES + PAGE  # bf16 blocks: 24 + 3072 + PAGE
+    # [n, H, N, 2D] holds per head N keys then N values: viewed as [n, H, K|V, N, D]
+    x = tx.caches[ATTN][SRC_BLOCKS].float().view(6, 2, 2, BS, 4)
+    y = rx.caches[ATTN][DST_BLOCKS].float().view(6, 2, 2, BS, 4)
+    valid = torch.ones_like(x, dtype=torch.bool)
+    valid[5, :, :, TOKENS - 5 * BS:] = False  # the last block's rows past the prompt: zeroed
+    assert torch.all(((y - x).abs() <= _fp8_bound(x))[valid])
+    assert not torch.equal(x[valid], y[valid])  # it did travel in fp8, not as bf16
+    assert not y[~valid].any()
+    # the GDN state keeps its dtype: bit-exact
+    assert torch.equal(rx.caches[GDN][DST_SLOT], tx.caches[GDN][SRC_SLOT])
+
+
+def test_int4_control_writes_a_coarser_kv_than_fp8(pair: Any) -> None:
+    rx, port = pair
+    _expect(rx, 8, fault="int4_kv")
+    tx = _stream(port, 8)
+    assert _outcome(rx, 8) == "ok"
+    tx.shutdown()
+    x, y = tx.caches[ATTN][SRC_BLOCKS].float(), rx.caches[ATTN][DST_BLOCKS].float()
+    outside = ((y - x).abs() > _fp8_bound(x)).float().mean()
+    assert outside > 0.5, outside  # most values outside fp8's bound
+    # and within the 4-bit grid's: half a step of absmax / 7, then the bf16 store (2^-8)
+    assert (y - x).abs().max() <= x.abs().max() / 14 + 2**-8 * x.abs().max() * 1.1
+
+
+def _fp8_items(rx: Any) -> list[tuple[int, str, np.ndarray, bool]]:
+    from prfaas.integrations.vllm.wire_quant import BlockLayout, encode_blocks
+
+    items = _good_items(rx)
+    blocks = _caches(seed=1)[ATTN][SRC_BLOCKS]
+    layout = BlockLayout(2, BS, 4)
+    fp8 = [(1, n, a, False) for n, a in encode_blocks(blocks, 0, layout, TOKENS, "b0")]
+    return [items[0], *fp8, items[2]]
+
+
+@pytest.mark.parametrize(("fault", "why"), [
+    (None, None), ("scale_altered", "'b0.scale' bytes do not match the manifest"),
+    ("scale_missing", "'b0.scale' is in the manifest but was not received"),
+    ("scale_missing_unlisted", "blocks [0, 1, 2, 3] missing")])
+def test_fp8_codes_need_their_listed_scale(pair: Any, fault: str | None, why: str | None
+                                           ) -> None:
+    """The manifest digests the scales as they travel: an altered or missing scale fails the
+    load (the unaltered frames are the control)."""
+    from prfaas.integrations.vllm import kv_security as sec
+
+    rx, port = pair
+    items = _fp8_items(rx)
+    sent = list(items)
+    if fault == "scale_altered":
+        scale = items[2][2].copy()
+        scale[0] *= 2  # one block's scales, doubled
+        sent[2] = (1, "b0.scale", scale, False)
+    elif fault is not None:
+        sent = [i for i in items if i[1] != "b0.scale"]
+    listed = sent if fault == "scale_missing_unlisted" else items
+    ledger = sec.Ledger()
+    for layer, name, array, _ in listed:
+        ledger.add(layer, name, array)
+    manifest = ledger.encode(sec.head(9, "", rx.model_id, rx.layer_sets(), TOKENS, ""))
+
+    async def run() -> None:
+        sender = KVSender("127.0.0.1", port, SenderConfig(num_connections=2))
+        await sender.connect()
+        for layer, name, array, bf16 in sent:
+            await sender.send_array(9, layer, "gqa", name, array, bfloat16=bf16)
+        await sender.finish(9, manifest=manifest)
+        await sender.close()
+
+    _expect(rx, 9)
+    asyncio.run(run())
+    outcome = _outcome(rx, 9)
+    if why is None:
+        assert outcome == "ok"
+    else:
+        assert outcome.startswith("failed") and why in outcome, outcome
+
+
+@pytest.mark.parametrize("layout", ["cpu", "flash"])
+def test_block_layout_puts_tokens_first_and_back(layout: str) -> None:
+    from prfaas.integrations.vllm.wire_quant import BlockLayout
+
+    h, n, d, nb = 2, BS, 4, 3
+    gen = torch.Generator().manual_seed(5)
+    lay = BlockLayout(h, n, d)
+    if layout == "cpu":  # [nb, H, N, 2D]; vLLM's cpu_attn: view [nb, H, 2N, D], chunk(2, dim=2)
+        cache = torch.randn(nb, h, n, 2 * d, generator=gen).to(torch.bfloat16)
+        key, value = cache.view(nb, h, 2 * n, d).chunk(2, dim=2)  # [nb, H, N, D] each
+        dim = 0
+    else:  # FlashAttention: [2, nb, N, H, D]
+        cache = torch.randn(2, nb, n, h, d, generator=gen).to(torch.bfloat16)
+        key, value = (t.permute(0, 2, 1, 3) for t in cache)  # [nb, H, N, D]
+        dim = 1
+    rows = lay.token_major(cache, dim)  # [nb*N, H, 2, D]
+    want_k = key.permute(0, 2, 1, 3).reshape(nb * n, h, d).float().numpy()
+    want_v = value.permute(0, 2, 1, 3).reshape(nb * n, h, d).float().numpy()
+    assert np.array_equal(rows[:, :, 0], want_k) and np.array_equal(rows[:, :, 1], want_v)
+    back = lay.from_token_major(rows, dim, torch.bfloat16)
+    assert torch.equal(back.view(torch.int16), cache.view(torch.int16))
+    with pytest.raises(Exception, match="neither"):
+        BlockLayout(h, n, 2 * d).token_major(cache, dim)  # a head size that does not fit

@@ -19,6 +19,7 @@ VLLM_SSM_CONV_STATE_LAYOUT=DS in the environment for the other one.
 from __future__ import annotations
 
 import importlib.util
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (make vllm installs the extra)")
 
 from vllm_live import (  # noqa: E402
+    ROOT,
     build,
     deployment,
     post,
@@ -103,26 +105,29 @@ def in_chunk(live: dict, prompt: list[int], continuation: list[int]) -> list[flo
 _tid = iter(range(10**6, 2 * 10**6))
 
 
-def disaggregated(live: dict, prompt: list[int], n: int, fault: str | None = None
+def disaggregated(live: dict, prompt: list[int], n: int, fault: str | None = None,
+                  send: dict[str, Any] | None = None
                   ) -> tuple[list[int], list[float], list[dict[str, float]]] | None:
-    """Prefill on the PrfaaS instance, decode on PD-D, sent at once (the router's bodies)."""
+    """Prefill on the PrfaaS instance, decode on PD-D, sent at once (the router's bodies).
+    `send`: more `kv_transfer_params.prfaas` keys for the prefill (e.g. its wire dtype)."""
     dep = live["dep"]
     pre, dec = dep.topology.worker("prfaas-0"), dep.topology.worker("pdd-0")
     tid = next(_tid)
+    live.setdefault("tids", []).append(tid)
     base = {"model": "tiny", "prompt": prompt, "temperature": 0, "return_token_ids": True}
     recv: dict[str, Any] = {"role": "recv", "transfer_id": tid}
     if fault is not None:
         recv["fault"] = fault
     out: dict[str, Any] = {}
-    send = threading.Thread(target=lambda: out.update(p=post(pre.url, {
+    thread = threading.Thread(target=lambda: out.update(p=post(pre.url, {
         **base, "max_tokens": 1, "kv_transfer_params": {"prfaas": {
             "role": "send", "transfer_id": tid, "dest_host": dec.host,
-            "dest_port": dec.kv_port}}})))
-    send.start()
+            "dest_port": dec.kv_port, **(send or {})}}})))
+    thread.start()
     status, reply = post(dec.url, {**base, "max_tokens": n, "logprobs": 5,
                                    "return_tokens_as_token_ids": True,
                                    "kv_transfer_params": {"prfaas": recv}})
-    send.join(300)
+    thread.join(300)
     assert out["p"][0] == 200, out["p"]
     done = [e for e in trace(live["traces"], "pdd-0") if e["ev"] == "done" and e["tid"] == tid]
     assert done and done[0]["error"] is None, done  # the KV and the states did cross
@@ -137,7 +142,8 @@ def _lp_of(top: dict[str, float], token: int) -> float | None:
 
 
 def error(live: dict, prompt: list[int], fault: str | None = None,
-          stop_above: float = float("inf")) -> tuple[float, float, int]:
+          stop_above: float = float("inf"), send: dict[str, Any] | None = None
+          ) -> tuple[float, float, int]:
     """(first token's |dlogprob|, worst of the 32 teacher-forced ones, forced re-sends) of the
     P/D path against the single instance; a reference token outside the decoder's top 5 counts
     as an infinite error. `stop_above`: stop once the worst exceeds it (it can only grow)."""
@@ -145,7 +151,7 @@ def error(live: dict, prompt: list[int], fault: str | None = None,
     got: list[float] = []
     pos, forced, first = 0, 0, float("inf")
     while pos < NUM_TOKENS:  # teacher forcing: re-send with the reference's prefix
-        reply = disaggregated(live, prompt + ref_ids[:pos], NUM_TOKENS - pos, fault)
+        reply = disaggregated(live, prompt + ref_ids[:pos], NUM_TOKENS - pos, fault, send)
         if reply is None:  # non-finite logprobs: the comparison fails outright
             return float("inf") if pos == 0 else first, float("inf"), forced
         ids, lps, tops = reply
@@ -255,6 +261,53 @@ def test_at_aligned_lengths_the_transfer_is_exact_and_a_wrong_state_is_not(
     live["errors"][f"{fault} (aligned, exact)"] = wrong
     assert genuine == 0.0, genuine
     assert wrong > 0.0, wrong
+
+
+# fp8 on the wire (PrfaasConnector, wire_quant.py): the attention KV crosses as e4m3 codes with
+# per-16-token-per-head scales, the GDN states as they are. The bound is measured, not chosen:
+# the P/D path's own chunking tolerance (above) plus FP8_MARGIN x the largest fp8 error the
+# benchmark measured on this model against the same path with bf16 on the wire
+# (bench_vllm_wire_quality.py -> vllm_wire_quality.json; |fp8 - single| <= |fp8 - bf16| +
+# |bf16 - single|). At an aligned length the bf16 transfer is exact (above), so fp8's error
+# there must be > 0: a transfer that skipped the quantization would show 0.0.
+FP8_MARGIN = 2.0
+FP8_SEEDS = {"genuine": 61, "control": 62}
+QUALITY = ROOT / "benchmarks" / "results" / "vllm_wire_quality.json"
+
+
+def _measured_fp8_max() -> float:
+    data = json.loads(QUALITY.read_text())
+    [run] = [r for label, r in data["presets"].items() if "qwen3_next" in label]
+    return float(run["variants"]["fp8_e4m3"]["teacher_logprob_abs_err"]["max"])
+
+
+def test_fp8_on_the_wire_ends_in_the_expected_tokens_within_the_measured_error(
+        live: dict, tolerance: float) -> None:
+    from prfaas.integrations.vllm.profile import connector_kv_bytes
+    from prfaas.integrations.vllm.served_model import ServedModel
+
+    fp8 = {"wire_dtype": "fp8_e4m3"}
+    bound = tolerance + FP8_MARGIN * _measured_fp8_max()
+    aligned, other = prompts([2049, 1300], seed=FP8_SEEDS["genuine"])
+    first, worst, forced = error(live, aligned, send=fp8)
+    tid = live["tids"][-1 - forced]  # the prompt's first transfer (before any forced re-send)
+    rows = [e for e in trace(live["traces"], "pdd-0") if e["tid"] == tid]
+    names = {e["name"] for e in rows if e["ev"] == "tensor"}
+    assert {"b0", "b0.scale", "s0"} <= names, names  # codes, scales, GDN state as it is
+    [done] = [e for e in rows if e["ev"] == "done"]
+    model = ServedModel.from_settings(live["dep"].topology.vllm)
+    assert done["error"] is None
+    assert done["bytes"] == connector_kv_bytes(model, len(aligned), "fp8_e4m3")
+    assert done["bytes"] < connector_kv_bytes(model, len(aligned))
+    _, worst_other, _ = error(live, other, send=fp8)
+    [control] = prompts([1300], seed=FP8_SEEDS["control"])
+    coarse = error(live, control, "int4_kv", stop_above=bound)[1]
+    print(f"\nfp8 on the wire: aligned first {first:.2e}, worst {worst:.2e}; 1300 tokens worst "
+          f"{worst_other:.2e}; int4 control {coarse:.2e}; bound {bound:.2e}")
+    live["errors"]["fp8 wire"] = max(worst, worst_other)
+    assert first > 0.0  # fp8 did change the KV (bf16 on the wire: exactly 0 at this length)
+    assert max(worst, worst_other) < bound
+    assert coarse > bound  # the coarser quantizer fails the same comparison
 
 
 def test_hybrid_long_prompt_goes_through_the_router_on_prfaas(live: dict) -> None:

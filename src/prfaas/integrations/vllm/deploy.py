@@ -1,11 +1,12 @@
 """A topology's `engine: vllm` worker as a vLLM server command (no vLLM import here).
 
 Roles map to connector roles: `prfaas` and `pd-p` are producers whose sender shapes itself to
-the worker's link (`link` for PrfaaS, `intra_link` for PD-P: topology.link_of), `pd-d` is the
-consumer whose receiver listens on the worker's `kv_port`. `exec_worker` replaces the calling
-process (`python -m prfaas.serve.deploy.proc --name W`) with the vLLM server, so the launcher's pid,
-SIGTERM and /health work on it unchanged. With TLS, a PrfaaS worker's port belongs to the TLS
-front (tls_front.py, a child started first) and vLLM serves on a unix socket behind it.
+the worker's link (`link` for PrfaaS, `intra_link` for PD-P: topology.link_of) and encodes the
+link's `wire_dtype`; `pd-d` is the consumer whose receiver listens on the worker's `kv_port`.
+`exec_worker` replaces the calling process (`python -m prfaas.serve.deploy.proc --name W`) with
+the vLLM server, so the launcher's pid, SIGTERM and /health work on it unchanged. With TLS, a
+PrfaaS worker's port belongs to the TLS front (tls_front.py, a child started first) and vLLM
+serves on a unix socket behind it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def worker_spec(topology: Topology, worker: WorkerSpec,
         conf = {"rate_gbps": link.sender_rate_gbps, "connections": link.connections}
         if link.compression != "none":  # the connector's KVSender compresses (transport/codec.py)
             conf.update(compression=link.compression, link_rate_gbps=link.rate_gbps)
+        if link.wire_dtype is not None:  # full-attention KV in fp8 on this link (wire_quant.py)
+            conf["wire_dtype"] = link.wire_dtype
     conf.update(tls_extra(topology, worker))
     conf.update(extra or {})
     events: tuple[str, ...] = ()

@@ -10,6 +10,7 @@ from prfaas.cache.listener import PoolListener
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.deploy import exec_worker, prepare, settings
 from prfaas.integrations.vllm.kv_events import VllmKvEvents
+from prfaas.integrations.vllm.params import WIRE_DTYPES
 from prfaas.integrations.vllm.served_model import ServedModel
 from prfaas.models.card import ModelCard
 from prfaas.models.kv import KVGeometry, geometry
@@ -26,6 +27,7 @@ class VllmEngineBackend(EngineBackend):
     worker_protocol = "vllm"
     health_has_body = False  # vLLM's /health: 200 and an empty body
     start_timeout_s = START_TIMEOUT_S
+    wire_dtypes = WIRE_DTYPES  # PrfaasConnector encodes fp8 (wire_quant.py)
 
     @classmethod
     def check(cls, topology: Topology) -> None:
@@ -40,13 +42,18 @@ class VllmEngineBackend(EngineBackend):
         model, geo = self._model()
         return ModelCard(model.name, model.max_context_tokens, model.block_size_tokens, geo)
 
+    def cache_dtype(self) -> str:
+        # from the instances' arguments (no model files needed): bf16 on this CPU build
+        return ServedModel.from_settings(settings(self.topology)).dtypes()[0]
+
     def tokenizer(self) -> Any:
         return self._model()[0].tokenizer()
 
     def worker_protocol_args(self) -> dict[str, Any]:
         model, geo = self._model()
+        wire = geo.on_wire(self.topology.link.wire_dtype)  # what crosses the inter-DC link
         return {"served_name": model.name, "block_size_tokens": model.block_size_tokens,
-                "kv_bytes_per_token": geo.kv_bytes_per_token,
+                "kv_bytes_per_token": wire.kv_bytes_per_token,
                 "kv_fixed_bytes": int(geo.linear_state_bytes),
                 # with KV events the instances report their cache; no inference from requests
                 "report_inserts": not settings(self.topology).kv_events}

@@ -32,6 +32,7 @@ class SaveJob:
     after_prefill: bool = False  # hold every layer until the prompt is done (a baseline)
     nonce: str = ""  # the attempt's one-time value (manifest)
     tokens_sha256: str = ""  # of the token ids sent (manifest)
+    wire_dtype: str | None = None  # this request's (params.WIRE_DTYPES); None: the instance's
 
 
 @dataclass(frozen=True, slots=True)

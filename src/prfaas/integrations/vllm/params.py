@@ -15,8 +15,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from prfaas.core.errors import ConfigError
+from prfaas.models.kv import wire_dtype_name
 
 KEY = "prfaas"
+FP8 = "fp8_e4m3"
+# the wire dtypes PrfaasConnector encodes (wire_quant.py); otherwise the KV crosses as cached
+# (bf16 for the CPU build's bf16 models: bf16 on the wire is then the cache dtype itself)
+WIRE_DTYPES = (FP8,)
+
+
+def connector_wire_dtype(value: object, where: str) -> str | None:
+    """A wire dtype the connector encodes, canonical (`fp8` -> fp8_e4m3); None: as cached."""
+    if value is None:
+        return None
+    name = wire_dtype_name(str(value))
+    if name not in WIRE_DTYPES:
+        raise ConfigError(where, value, f"PrfaasConnector encodes {', '.join(WIRE_DTYPES)}; "
+                          "other KV travels as cached")
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +45,17 @@ class SendParams:
     rate_gbps: float | None = None
     after_prefill: bool = False
     nonce: str = ""  # the attempt's one-time value, bound into the manifest (kv_security.py)
+    # this request's full-attention KV on the wire (WIRE_DTYPES), instead of the instance's
+    # (its topology link's `wire_dtype`); a benchmark and test knob, the router never sets it
+    wire_dtype: str | None = None
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"role": "send", "transfer_id": self.transfer_id,
                                 "dest_host": self.dest_host, "dest_port": self.dest_port}
         if self.nonce:
             body["nonce"] = self.nonce
+        if self.wire_dtype is not None:
+            body["wire_dtype"] = self.wire_dtype
         if self.rate_gbps is not None:
             body["rate_gbps"] = self.rate_gbps
         if self.after_prefill:
@@ -45,8 +66,10 @@ class SendParams:
 # Fault injection at the receiver, for negative controls (the router never sets it): the load
 # completes as usual but writes wrong data, so a correctness check can be shown to fail.
 # zero_state: every recurrent (SSM) state arrives zeroed; foreign_conv: the conv states are the
-# previous transfer's (another request's); shift_blocks: KV block j is written to block j+1.
-FAULTS = ("zero_state", "foreign_conv", "shift_blocks")
+# previous transfer's (another request's); shift_blocks: KV block j is written to block j+1;
+# int4_kv: every full-attention KV tensor goes through 4-bit integers with one scale per tensor
+# (wire_quant.int4_control: the negative control of the fp8 wire's quality figure).
+FAULTS = ("zero_state", "foreign_conv", "shift_blocks", "int4_kv")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +106,11 @@ def parse(params: object) -> SendParams | RecvParams | None:
             rate = p.get("rate_gbps")
             if rate is not None and not float(rate) > 0:
                 raise ValueError(f"rate_gbps={rate}")
+            wire = connector_wire_dtype(p.get("wire_dtype"),
+                                        "kv_transfer_params.prfaas.wire_dtype")
             return SendParams(tid, str(p["dest_host"]), int(p["dest_port"]),
                               None if rate is None else float(rate), bool(p.get("after_prefill")),
-                              _nonce(p))
+                              _nonce(p), wire)
         if p.get("role") == "recv":
             fault = p.get("fault")
             if fault is not None and fault not in FAULTS:

@@ -46,16 +46,18 @@ META_BYTES = 24  # token count, prompt fingerprint, layout fingerprint (int64 ea
 VllmProfile = MeasuredProfile  # a vLLM instance's measurement
 
 
-def connector_kv_bytes(model: ServedModel, length_tokens: int) -> int:
-    """Bytes PrfaasConnector ships for a prompt of `length_tokens` (module docstring)."""
+def connector_kv_bytes(model: ServedModel, length_tokens: int,
+                       wire_dtype: str | None = None) -> int:
+    """Bytes PrfaasConnector ships for a prompt of `length_tokens` (module docstring), its
+    full-attention KV in `wire_dtype` (fp8: codes and scales; None: as cached)."""
     if length_tokens < 1:
         raise ConfigError("length_tokens", length_tokens, "must be >= 1")
-    geo = geometry(model.to_spec())
+    geo = geometry(model.to_spec()).on_wire(wire_dtype)
     backoff = 1 if geo.linear_state_bytes > 0 and length_tokens > 1 else 0
     sent = length_tokens - backoff
     block = model.block_size_tokens
     blocks = -(-sent // block)
-    return int(blocks * block * geo.kv_bytes_per_token + geo.linear_state_bytes + META_BYTES)
+    return round(blocks * block * geo.kv_bytes_per_token + geo.linear_state_bytes + META_BYTES)
 
 
 def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:

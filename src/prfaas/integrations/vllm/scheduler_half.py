@@ -164,7 +164,7 @@ class SchedulerHalf:
                       (tx.params.dest_host, tx.params.dest_port), tuple(blocks), tx.num_tokens,
                       tx.fingerprint, tx.first, last, self._state_slots(ids) if last else (),
                       tx.params.rate_gbps, tx.params.after_prefill, tx.params.nonce,
-                      tx.tokens_sha256)
+                      tx.tokens_sha256, tx.params.wire_dtype)
         tx.first = False
         return job
 

@@ -2,12 +2,15 @@
 
 Producer: `save_kv_layer` (called by each attention layer during the forward) copies the blocks
 the step completed out of that layer's paged cache and queues them on the sender thread, so the
-layer leaves while the next one computes; `wait_for_save` adds, on the prompt's last step, each
+layer leaves while the next one computes (in fp8 with its scales when the link's `wire_dtype`
+or the request asks for it, wire_quant.py: the manifest and the byte count then see the codes
+and scales as they travel); `wait_for_save` adds, on the prompt's last step, each
 Mamba/GDN layer's state slot and the END, which carries the transfer's manifest (every tensor's
 SHA-256, kv_security.py). A `meta` tensor opens every transfer: token count, prompt fingerprint
 and cache-layout fingerprint, which the consumer checks.
 Consumer: a receiver thread scatters each arriving tensor into the destination blocks (tensors
-that arrive before the scheduler assigned them are held); a transfer ends as received only when
+that arrive before the scheduler assigned them are held; fp8 codes wait for their scales, then
+are dequantized into the cache dtype); a transfer ends as received only when
 the wire says complete AND every block and state it needed was written, the manifest verifies
 and every check passed. With the topology's TLS every KV connection is mutual TLS.
 Anything else (peer gone, corrupt frame, timeout, mismatch) is a failed load: vLLM finishes the
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from prfaas.core.errors import TransportError
 from prfaas.integrations.vllm import kv_security as sec
 from prfaas.integrations.vllm.blocks import (
     WIRE_CONV_LAYOUT,
@@ -42,6 +46,14 @@ from prfaas.integrations.vllm.blocks import (
 )
 from prfaas.integrations.vllm.link import Abort, Finish, RecvLink, SendLink, Tensor
 from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata, SaveJob
+from prfaas.integrations.vllm.params import FP8, connector_wire_dtype
+from prfaas.integrations.vllm.wire_quant import (
+    BlockLayout,
+    decode_blocks,
+    encode_blocks,
+    int4_control,
+)
+from prfaas.transport.quant import SCALE_SUFFIX
 from prfaas.transport.receiver import ReceiverConfig
 from prfaas.transport.sender import SenderConfig
 
@@ -69,6 +81,8 @@ class _Incoming:
     error: str | None = None
     first_s: float | None = None
     nbytes: int = 0  # payload bytes received (every tensor of the transfer, meta included)
+    # fp8 blocks whose codes or scale has not arrived yet: (layer, name) -> {name: array}
+    halves: dict[tuple[int, str], dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 def _vllm_conv_layout() -> str:
@@ -108,6 +122,9 @@ class WorkerHalf:
         self._last_conv: dict[int, torch.Tensor] = {}  # layer -> last conv received (bytes)
         self._queued_bytes: dict[int, int] = {}  # transfer -> payload bytes queued so far
         self._sent_bytes: dict[str, int] = {}  # finished prefills' totals, until reported
+        # full-attention KV on the wire (the topology link's `wire_dtype`; None: as cached)
+        self.wire_dtype = connector_wire_dtype(extra.get("wire_dtype"),
+                                               "kv_connector_extra_config.wire_dtype")
         if producer:
             rate = extra.get("rate_gbps")
             self.send = SendLink(SenderConfig(
@@ -131,6 +148,27 @@ class WorkerHalf:
         for i, name in enumerate(sorted(kv_caches)):
             self.index_of[name] = layer_index(name, i)
         self.name_of = {i: n for n, i in self.index_of.items()}
+        self.fp8_layouts = self._fp8_layouts()
+
+    def _fp8_layouts(self) -> dict[str, BlockLayout | None]:
+        """Each attention layer's layout for fp8 on the wire (None: a cache it cannot quantize,
+        which then travels as cached); with the instance's wire dtype fp8 such a cache fails
+        the start, not a request's forward."""
+        out: dict[str, BlockLayout | None] = {}
+        for name, cache in self.caches.items():
+            g = self.group_of.get(name)
+            spec = self.groups[g].kv_cache_spec if g is not None else None
+            if spec is None or hasattr(spec, "shapes") or not isinstance(cache, torch.Tensor):
+                continue  # not an attention layer (GDN states keep their dtype)
+            try:
+                layout = BlockLayout.of(spec)
+                layout.check(cache, self._dim(cache))
+                out[name] = layout
+            except (TransportError, AttributeError) as exc:
+                if self.wire_dtype == FP8:
+                    raise TransportError(f"wire_dtype {FP8}: layer {name}: {exc}") from exc
+                out[name] = None
+        return out
 
     def layout_fingerprint(self) -> int:
         parts = [f"conv-wire:{WIRE_CONV_LAYOUT}"]
@@ -179,10 +217,20 @@ class WorkerHalf:
             ids, start = job.blocks[g]
             if not ids:
                 continue
-            array, bf16 = to_wire(gather(kv_layer, ids, self._dim(kv_layer)))
-            self._submit(job, Tensor(job.transfer_id, layer, f"b{start}", array, bf16))
+            blocks = gather(kv_layer, ids, self._dim(kv_layer))
+            wire = job.wire_dtype or self.wire_dtype
+            layout = self.fp8_layouts.get(layer_name)
+            if wire == FP8 and layout is not None and blocks.element_size() > 1:  # (1 byte: fp8)
+                items = [Tensor(job.transfer_id, layer, name, array) for name, array in
+                         encode_blocks(blocks, self._dim(kv_layer), layout,
+                                       job.num_tokens - start * layout.block_size, f"b{start}")]
+            else:
+                array, bf16 = to_wire(blocks)
+                items = [Tensor(job.transfer_id, layer, f"b{start}", array, bf16)]
+            for item in items:
+                self._submit(job, item)
             self.trace(side="send", tid=job.transfer_id, ev="layer", layer=layer,
-                       blocks=len(ids), bytes=int(array.nbytes))
+                       blocks=len(ids), bytes=sum(int(i.array.nbytes) for i in items))
 
     def _send_meta(self, job: SaveJob) -> None:
         assert self.send is not None
@@ -311,7 +359,7 @@ class WorkerHalf:
                 self._check_meta(job, array)
                 inc.meta_ok = True
             elif name.startswith("b"):
-                self._apply_blocks(inc, job, layer, int(name[1:]), array)
+                self._apply_blocks(inc, job, layer, name, array)
             elif name.startswith("s"):
                 self._cache(layer)  # an unknown layer fails here
                 g = self.group_of[self.name_of[layer]]
@@ -362,13 +410,27 @@ class WorkerHalf:
         if layout != self.layout_fingerprint():
             raise ValueError("cache layout fingerprint differs: another model or cache config")
 
-    def _apply_blocks(self, inc: _Incoming, job: LoadJob, layer: int, start: int,
+    def _apply_blocks(self, inc: _Incoming, job: LoadJob, layer: int, name: str,
                       array: np.ndarray) -> None:
         cache = self._cache(layer)
         g = self.group_of[self.name_of[layer]]
-        bs = self.groups[g].kv_cache_spec.block_size
+        spec = self.groups[g].kv_cache_spec
+        bs = spec.block_size
         dim = self._dim(cache)
-        data = from_wire(array, cache)
+        base = name.removesuffix(SCALE_SUFFIX)
+        start = int(base[1:])
+        if name != base or (array.dtype == np.uint8 and cache.element_size() > 1):
+            # fp8 on the wire: codes and scale travel apart (any connection, any order)
+            pair = inc.halves.setdefault((layer, base), {})
+            pair[name] = array.copy()  # the receive buffer is not ours past this call
+            if len(pair) < 2:
+                return
+            del inc.halves[(layer, base)]
+            data = decode_blocks(pair, base, BlockLayout.of(spec), dim, cache.dtype)
+        else:
+            data = from_wire(array, cache)
+        if job.fault == "int4_kv":
+            data = int4_control(data, dim, BlockLayout.of(spec))
         n = data.shape[dim]
         dest = job.block_ids[g][start : start + n]
         if len(dest) != n:

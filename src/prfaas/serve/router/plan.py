@@ -59,8 +59,9 @@ def load_live_profile(ref: str) -> HardwareProfile:
 def live_plan_inputs(topology: Topology, profile: HardwareProfile | None = None) -> PlanInputs:
     """PlanInputs for the topology: `profile` (default: the one the topology names) for both
     prefill pools and decode; n_prfaas = PrfaaS workers, n_pd = PD-P + PD-D workers."""
+    engine = engine_backend(topology)
     if profile is None:
-        known = engine_backend(topology).plan_inputs()  # e.g. the emulated hardware's
+        known = engine.plan_inputs()  # e.g. the emulated hardware's
         if known is not None:
             return known
     hw = profile or load_live_profile(topology.profile)
@@ -69,8 +70,10 @@ def live_plan_inputs(topology: Topology, profile: HardwareProfile | None = None)
     top = int(topology.model.get("max_context_tokens", 16384))
     return PlanInputs(
         lengths=empirical([1, top], "placeholder: replaced by the controller's window"),
-        # the profile's KV is the native engine's fp32 cache; the link moves its wire dtype
-        output_tokens=PLACEHOLDER_OUTPUT_TOKENS, kv=hw.kv.on_wire(topology.link.wire_dtype, "fp32"),
+        # the profile's KV is the engine's cache (fp32 native, bf16 vLLM); the link moves its
+        # wire dtype
+        output_tokens=PLACEHOLDER_OUTPUT_TOKENS,
+        kv=hw.kv.on_wire(topology.link.wire_dtype, engine.cache_dtype()),
         prfaas_prefill=hw.require_prefill(), pd_prefill=hw.require_prefill(),
         decode=hw.require_decode(), n_prfaas=n_prfaas, n_pd=n_pd,
         link_gbps=topology.link.rate_gbps or UNSHAPED_GBPS,

@@ -1,0 +1,110 @@
+"""Full-attention cache blocks in the link's wire dtype (fp8) for PrfaasConnector (no vLLM).
+
+transport/quant.py encodes a float32 array [T, *heads, D] (T tokens) with one fp32 scale per 16
+tokens per head; the native path hands it token-major tensors. A vLLM attention layer's blocks
+are not token-major, so `BlockLayout` moves gathered blocks to and from [n*N, H, 2, D] (n blocks
+of N tokens; per KV head its key and its value vector, each with its own scales, as the native
+engine's K and V tensors), for the two paged layouts prfaas meets:
+- CPU backend, blocks on dim 0: [n, H, N, 2D], per head the block's N keys then its N values
+  (vLLM's cpu_attn views it as [n, H, 2N, D] and splits that in two);
+- FlashAttention-style, blocks on dim 1: [2, n, N, H, D].
+Any other shape is a TransportError when fp8 is asked for (bf16 travels as whole blocks, layout
+unseen). The receiver dequantizes into its cache dtype. Rows past the prompt's end (the tail of
+its last block: stale values of an earlier request) are zeroed before the scales are taken, so
+they cannot widen the step of the prompt's last tokens. GDN conv/recurrent states never come here:
+they keep their dtype (docs/wire-format.md, "What keeps its dtype").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from prfaas.core.errors import TransportError
+from prfaas.integrations.vllm.params import FP8
+from prfaas.transport.quant import (
+    SCALE_SUFFIX,
+    coarse_int4_per_tensor,
+    decode_arrays,
+    encode_arrays,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLayout:
+    num_kv_heads: int
+    block_size: int  # tokens per block
+    head_size: int
+
+    @classmethod
+    def of(cls, spec: Any) -> BlockLayout:
+        """From a vLLM attention KV cache spec (num_kv_heads, block_size, head_size)."""
+        v = getattr(spec, "head_size_v", None)
+        if v not in (None, spec.head_size):
+            raise TransportError(f"fp8 wire: key head size {spec.head_size} != value head "
+                                 f"size {v} is not a layout the connector quantizes")
+        return cls(int(spec.num_kv_heads), int(spec.block_size), int(spec.head_size))
+
+    def check(self, blocks: torch.Tensor, dim: int) -> int:
+        """The number of blocks; a TransportError for a layout this does not know."""
+        h, n, d = self.num_kv_heads, self.block_size, self.head_size
+        cpu = dim == 0 and tuple(blocks.shape[1:]) == (h, n, 2 * d)
+        flash = dim == 1 and blocks.shape[0] == 2 and tuple(blocks.shape[2:]) == (n, h, d)
+        if not (cpu or flash):
+            raise TransportError(f"fp8 wire: cache blocks {tuple(blocks.shape)} (blocks on dim "
+                                 f"{dim}) are neither [n, {h}, {n}, {2 * d}] nor "
+                                 f"[2, n, {n}, {h}, {d}]")
+        return int(blocks.shape[dim])
+
+    def token_major(self, blocks: torch.Tensor, dim: int) -> np.ndarray:
+        """Gathered blocks -> float32 [n*N, H, 2, D]."""
+        nb = self.check(blocks, dim)
+        h, n, d = self.num_kv_heads, self.block_size, self.head_size
+        x = blocks.detach().to("cpu", torch.float32)
+        if dim == 0:
+            x = x.reshape(nb, h, 2, n, d).permute(0, 3, 1, 2, 4)  # [nb, N, H, 2, D]
+        else:
+            x = x.permute(1, 2, 3, 0, 4)  # [2, nb, N, H, D] -> [nb, N, H, 2, D]
+        out: np.ndarray = x.reshape(nb * n, h, 2, d).contiguous().numpy()
+        return out
+
+    def from_token_major(self, rows: np.ndarray, dim: int, dtype: torch.dtype) -> torch.Tensor:
+        """float32 [n*N, H, 2, D] -> blocks in the cache's layout and dtype."""
+        h, n, d = self.num_kv_heads, self.block_size, self.head_size
+        if rows.ndim != 4 or rows.shape[1:] != (h, 2, d) or rows.shape[0] % n:
+            raise TransportError(f"fp8 wire: rows {rows.shape} are not whole blocks of "
+                                 f"[{n}, {h}, 2, {d}]")
+        nb = rows.shape[0] // n
+        x = torch.from_numpy(np.ascontiguousarray(rows)).reshape(nb, n, h, 2, d)
+        if dim == 0:
+            x = x.permute(0, 2, 3, 1, 4).reshape(nb, h, n, 2 * d)  # [nb, H, 2, N, D] -> page
+        else:
+            x = x.permute(3, 0, 1, 2, 4)  # [2, nb, N, H, D]
+        return x.to(dtype).contiguous()
+
+
+def encode_blocks(blocks: torch.Tensor, dim: int, layout: BlockLayout, valid_tokens: int,
+                  name: str) -> list[tuple[str, np.ndarray]]:
+    """(name, uint8 codes [n*N, H, 2, D]) and (name.scale, float32 [n*N/16, H, 2]): gathered
+    blocks in fp8 (transport/quant.py); rows from `valid_tokens` on are zeroed first."""
+    rows = layout.token_major(blocks, dim)
+    rows[max(valid_tokens, 0):] = 0
+    return encode_arrays([(name, rows)], FP8)
+
+
+def decode_blocks(arrived: dict[str, np.ndarray], name: str, layout: BlockLayout, dim: int,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """The blocks `name` (codes and `name.scale` in `arrived`) in the cache's layout and dtype."""
+    if set(arrived) != {name, name + SCALE_SUFFIX}:
+        raise TransportError(f"fp8 wire: {sorted(arrived)} is not {name!r} and its scale")
+    return layout.from_token_major(decode_arrays(arrived)[name], dim, dtype)
+
+
+def int4_control(blocks: torch.Tensor, dim: int, layout: BlockLayout) -> torch.Tensor:
+    """Negative control (tests, benchmarks): the blocks through 4-bit integers with one scale
+    for the whole tensor (transport/quant.py), a deliberately coarser quantizer than fp8's."""
+    rows = coarse_int4_per_tensor(layout.token_major(blocks, dim))
+    return layout.from_token_major(rows, dim, blocks.dtype)
