@@ -26,9 +26,13 @@ Both read only their arguments (no clock): the simulator calls them and a live s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from prfaas.core.errors import ConfigError
+from prfaas.models.profile import KVSize, PrefillTime
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,21 @@ class EgressBudget:
 
     def admits(self, running_gbps: float, job_gbps: float, running_jobs: int) -> bool:
         return running_jobs == 0 or running_gbps + job_gbps <= self.budget_gbps * (1 + 1e-9)
+
+
+def max_kv_gbps(prefill: PrefillTime, kv: KVSize) -> float:
+    """The highest KV rate one PrfaaS prefill emits, S(l) / T(l) over 1..128K tokens (Eq. 1):
+    what a budget must leave room for before the head job's length is known."""
+    ls = np.linspace(1.0, 131072.0, 512)
+    return float((kv.size_bytes(ls) * 8 / 1e9 / prefill.time_s(ls)).max())
+
+
+def blocked_destinations(budgets: Mapping[str, EgressBudget], running_gbps: Mapping[str, float],
+                         running_jobs: Mapping[str, int], job_gbps: float) -> set[str]:
+    """Destinations whose egress budget could not take one more prefill at `job_gbps` (the
+    simulator's PrfaaS scheduler and the live gateway both ask this one rule)."""
+    return {d for d, b in budgets.items()
+            if not b.admits(running_gbps[d], job_gbps, running_jobs[d])}
 
 
 @dataclass

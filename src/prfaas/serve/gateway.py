@@ -48,10 +48,9 @@ from aiohttp import web
 from prfaas.core.errors import ConfigError
 from prfaas.models.profile import KVSize, PrefillTime
 from prfaas.policy.fair_share import SharePolicy, make_share_policy
-from prfaas.policy.region_control import EgressBudget
+from prfaas.policy.region_control import EgressBudget, blocked_destinations, max_kv_gbps
 from prfaas.security.apikey import bearer_ok, check_key
 from prfaas.serve.prom import Counter
-from prfaas.sim.regions import _max_kv_gbps
 
 
 @dataclass(frozen=True)
@@ -153,7 +152,7 @@ class Gateway:
         self.budgets = {t.name: EgressBudget(t.budget_gbps) for t in config.tenants}
         self.running = dict.fromkeys(weights, 0)
         self.running_gbps = dict.fromkeys(weights, 0.0)
-        self.phi_max_gbps = _max_kv_gbps(config.prefill, config.kv)
+        self.phi_max_gbps = max_kv_gbps(config.prefill, config.kv)
         self.free: deque[str] = deque(config.workers)
         self.metrics = _Metrics()
         for t in config.tenants:
@@ -257,10 +256,10 @@ class Gateway:
         return float(self.config.kv.size_bytes(float(tokens))) * 8 / 1e9 / max(t, 1e-9)
 
     def _blocked(self) -> set[str]:
-        """The simulator's rule (sim/regions.py `_blocked`): a destination whose budget could
-        not take one more prefill at the highest KV rate one emits."""
-        return {t for t, b in self.budgets.items()
-                if not b.admits(self.running_gbps[t], self.phi_max_gbps, self.running[t])}
+        """The simulator's rule (policy/region_control.py `blocked_destinations`): a
+        destination whose budget could not take one more prefill at the highest KV rate."""
+        return blocked_destinations(self.budgets, self.running_gbps, self.running,
+                                    self.phi_max_gbps)
 
     def _dispatch(self) -> None:
         while self.free:

@@ -24,7 +24,12 @@ import numpy as np
 
 from prfaas.models.profile import KVSize, PrefillTime
 from prfaas.policy.fair_share import SharePolicy, make_share_policy
-from prfaas.policy.region_control import DestinationThreshold, EgressBudget
+from prfaas.policy.region_control import (
+    DestinationThreshold,
+    EgressBudget,
+    blocked_destinations,
+    max_kv_gbps,
+)
 from prfaas.sim.link import BYTES_PER_GBPS, LinkSchedule, SharedLink
 from prfaas.workload.requests import Workload
 
@@ -102,7 +107,7 @@ class RegionsSimulator:
         self.share: SharePolicy[int] = make_share_policy(
             cfg.share_policy, {r.name: max(r.share_weight, 1e-6) for r in cfg.regions})
         self.prfaas_free = cfg.n_prfaas
-        self._phi_max_gbps = _max_kv_gbps(cfg.prfaas_prefill, cfg.kv)
+        self._phi_max_gbps = max_kv_gbps(cfg.prfaas_prefill, cfg.kv)
         self.now_s = 0.0
         self._heap: list[tuple[float, int, int, int, int, int]] = []
         self._seq = 0
@@ -154,8 +159,10 @@ class RegionsSimulator:
     def _blocked(self) -> set[str]:
         """Destinations whose budget could not take one more prefill (at the highest KV rate
         one emits: the head job's length is the share policy's to know)."""
-        return {reg.setup.name for reg in self.regions
-                if not reg.budget.admits(reg.running_gbps, self._phi_max_gbps, reg.running)}
+        return blocked_destinations({r.setup.name: r.budget for r in self.regions},
+                                    {r.setup.name: r.running_gbps for r in self.regions},
+                                    {r.setup.name: r.running for r in self.regions},
+                                    self._phi_max_gbps)
 
     def _start_prfaas(self) -> None:
         while self.prfaas_free > 0:
@@ -234,9 +241,3 @@ class RegionsSimulator:
         reg.slots += 1
         reg.in_system -= 1
         self._admit_decode(k)
-
-
-def _max_kv_gbps(prefill: PrefillTime, kv: KVSize) -> float:
-    """The highest KV rate one PrfaaS prefill emits, S(l) / T(l) over 1..128K tokens (Eq. 1)."""
-    ls = np.linspace(1.0, 131072.0, 512)
-    return float((kv.size_bytes(ls) * 8 / 1e9 / prefill.time_s(ls)).max())
