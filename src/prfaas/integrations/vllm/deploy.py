@@ -95,6 +95,7 @@ def exec_worker(topology: Topology, name: str) -> None:
         extra["fault_file"] = os.path.join(faults, f"{name}.fault")
     spec = worker_spec(topology, topology.worker(name), extra)
     cmd = spec.command()
+    spec.pin()  # the whole instance on its cores (server.py: VllmSpec.cpu_set)
     os.execve(cmd[0], cmd, spec.environ())
 
 
