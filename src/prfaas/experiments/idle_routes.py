@@ -26,7 +26,10 @@ HOW = ("client TTFT of single requests (fresh random token-id prompts, streaming
        "4 output tokens, ignore_eos) through the topology's router, one at a time with the "
        "deployment otherwise idle; route = the policy's first choice")
 OUTPUT_TOKENS = 4
-PAUSE_S = 0.5  # after each request: the decoder and the link are idle again
+# after each request, so the next one finds every instance idle: longer than the 1 s a vLLM
+# Worker keeps spinning on its step queue after its last step (shm_broadcast.SpinCondition),
+# which on a shared core takes CPU from the instance beside it
+PAUSE_S = 1.5
 
 
 def measure(topology: Any, lengths: list[int], log_dir: str | Path, reps: int = 3,
