@@ -165,7 +165,8 @@ LOAD_KEYS = {"offered_rps", "requests", "ttft_mape", "throughput_live_rps",
              "throughput_sim_rps", "route_agreement"}
 
 
-@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_before_burst.json",
+@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_before_pin.json",
+                                  "sim_vs_live_vllm_before_burst.json",
                                   "sim_vs_live_vllm_run2.json", "sim_vs_live_native.json",
                                   "sim_vs_live_native_before_burst.json"])
 def test_committed_results_follow_the_schema_and_recompute(name: str) -> None:
