@@ -165,7 +165,8 @@ LOAD_KEYS = {"offered_rps", "requests", "ttft_mape", "throughput_live_rps",
              "throughput_sim_rps", "route_agreement"}
 
 
-@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_before_burst.json",
+@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_before_pin.json",
+                                  "sim_vs_live_vllm_before_burst.json",
                                   "sim_vs_live_vllm_run2.json", "sim_vs_live_native.json",
                                   "sim_vs_live_native_before_burst.json"])
 def test_committed_results_follow_the_schema_and_recompute(name: str) -> None:
@@ -239,3 +240,71 @@ def test_cli_refuses_incomplete_requests_in_one_line(capsys: pytest.CaptureFixtu
               "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert done.value.code == 2 and "two positive loads" in err and err.count("\n") == 1
+
+
+def _lone_profile(tmp: Path, offsets_s: dict[str, float]) -> tuple[Path, list[float]]:
+    """The committed CPU profile with idle points whose TTFTs are the simulator's own for each
+    lone request plus a known offset per route; also returns those simulated TTFTs."""
+    topo = load_topology()
+    base = profile_path("cpu-tiny").resolve()
+    lengths = [256, 512, 1024, 2048, 4096]
+    n = len(lengths)
+    lone = svl.Workload(np.arange(n, dtype=np.float64) * svl.IDLE_GAP_S,
+                        np.array(lengths, dtype=np.int64), np.full(n, 4, dtype=np.int64), "t")
+    side, _ = svl.simulate_side(topo, svl.scenario_dict(topo, base, svl.QUICK, 16384), lone, 12)
+    doc = yaml.safe_load(base.read_text())
+    doc["idle_ttft"] = {"how": "test", "points": [
+        {"route": "prfaas" if r else "pd", "length_tokens": n_tok,
+         "ttft_s": float(t) + offsets_s["prfaas" if r else "pd"]}
+        for n_tok, t, r in zip(lengths, side.ttft_s, side.remote, strict=True)]}
+    path = tmp / "with_idle.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, [float(t) for t in side.ttft_s]
+
+
+def test_idle_points_give_each_route_its_measured_overhead(tmp_path: Path) -> None:
+    topo = load_topology()
+    path, _ = _lone_profile(tmp_path, {"pd": 0.04, "prfaas": 0.11})
+    raw = svl.scenario_dict(topo, path, svl.QUICK, 16384)
+    idle = svl.idle_overheads(topo, raw, path, 12)
+    assert idle["route_overhead_s"] == pytest.approx({"pd": 0.04, "prfaas": 0.11}, abs=1e-5)
+    # negative control: the profile without idle points has no overhead at all
+    bare = profile_path("cpu-tiny").resolve()
+    assert svl.idle_overheads(topo, svl.scenario_dict(topo, bare, svl.QUICK, 16384), bare,
+                              12)["route_overhead_s"] == {}
+    # a point the simulator routes the other way is refused, not averaged in
+    doc = yaml.safe_load(path.read_text())
+    doc["idle_ttft"]["points"][0]["route"] = "prfaas"  # 256 tokens stay local at t=1024
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="routed this idle point elsewhere"):
+        svl.idle_overheads(topo, raw, wrong, 12)
+
+
+def test_route_overheads_shift_only_the_first_token_of_their_route() -> None:
+    topo = load_topology()
+    raw = svl.scenario_dict(topo, profile_path("cpu-tiny").resolve(), svl.QUICK, 16384)
+    lengths = svl.lengths_for(svl.QUICK, 16384)
+    w = svl.workloads(svl.QUICK, lengths, 1.0)[1]
+    plain, _ = svl.simulate_side(topo, raw, w, 12)
+    shifted, cfg = svl.simulate_side(topo, raw, w, 12, {"pd": 0.05, "prfaas": 0.2})
+    assert cfg["local_overhead_s"] == 0.05 and cfg["remote_overhead_s"] == 0.2
+    expect = np.where(plain.remote, 0.2, 0.05)
+    assert plain.remote.any() and (~plain.remote).any()
+    assert np.allclose(shifted.ttft_s - plain.ttft_s, expect, rtol=0, atol=1e-9)
+    assert np.array_equal(shifted.finish_s, plain.finish_s)  # it occupies no instance
+    assert np.array_equal(shifted.remote, plain.remote)
+
+
+def test_idle_points_are_read_with_a_clear_error_on_a_bad_one(tmp_path: Path) -> None:
+    from prfaas.models.profile_file import idle_ttft_points
+
+    path, _ = _lone_profile(tmp_path, {"pd": 0.0, "prfaas": 0.0})
+    assert [p["route"] for p in idle_ttft_points(path)][:1] == ["pd"]
+    doc = yaml.safe_load(path.read_text())
+    doc["idle_ttft"]["points"][1] = {"route": "pd", "ttft_s": 0.1}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="length_tokens"):
+        idle_ttft_points(bad)
+    load_profile_file(path)  # the planner's reader accepts the section

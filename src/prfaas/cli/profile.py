@@ -4,7 +4,9 @@ write the profile YAML the planner and simulator read.
 `--engine native` (the default): this package's engine in-process; lengths 256..4K (well under
 a minute on one thread), `--full` adds 8K and 16K. `--engine vllm --topology T`: the topology's
 vLLM instances over their OpenAI API (integrations/vllm/profile.py): a running one at `--url`,
-else a standalone instance with the topology's engine arguments started for the measurement."""
+else a standalone instance with the topology's engine arguments started for the measurement;
+then (unless --no-idle-routes) the topology itself, idle, for each route's TTFT one request at a
+time (experiments/idle_routes.py): the simulator's per-route fixed overheads."""
 
 from __future__ import annotations
 
@@ -45,6 +47,10 @@ def _ints(text: str | None, field: str) -> tuple[int, ...] | None:
 @click.option("--topology", "topology_path", default=None, type=click.Path(dir_okay=False),
               help="vllm: the topology whose model and engine arguments are measured.")
 @click.option("--url", default=None, help="vllm: a running instance of the topology's model.")
+@click.option("--idle-routes/--no-idle-routes", default=True, show_default=True,
+              help="vllm without --url: also start the topology and time each route's TTFT "
+                   "one request at a time (the profile's idle_ttft: the simulator's per-route "
+                   "fixed overheads).")
 @click.option("--scenario-out", default=None, type=click.Path(dir_okay=False),
               help="With --topology: also write the deployment as a scenario on this profile "
                    "(`prfaas plan --scenario` gives its t and N_p:N_d).")
@@ -59,7 +65,7 @@ def _ints(text: str | None, field: str) -> tuple[int, ...] | None:
 @click.option("--threads", default=None, type=int, help="torch threads (default 1).")
 @click.option("--spec-out", default=None, type=click.Path(),
               help="Also write the engine's model spec (for `prfaas kv --model-file`).")
-def command(engine_name: str, topology_path: str | None, url: str | None,
+def command(engine_name: str, topology_path: str | None, url: str | None, idle_routes: bool,
             scenario_out: str | None, out: str, full: bool,
             lengths: str | None, batches: str | None, reps: int, context_tokens: int,
             preset: str, threads: int | None, spec_out: str | None) -> None:
@@ -69,6 +75,8 @@ def command(engine_name: str, topology_path: str | None, url: str | None,
     if engine_name == "vllm":
         doc = _vllm(topology_path, url, _ints(lengths, "lengths"), _ints(batches, "batches"),
                     reps, context_tokens)
+        if idle_routes and url is None and topology_path is not None:
+            doc["idle_ttft"] = _idle(topology_path, doc)
         _write(doc, out)
         if scenario_out is not None:
             _scenario(topology_path, out, scenario_out)
@@ -100,6 +108,17 @@ def _vllm(topology_path: str | None, url: str | None, lengths: tuple[int, ...] |
     if batches:
         kwargs["batches"] = batches
     return profile_topology(load_topology(topology_path), url, **kwargs)
+
+
+def _idle(topology_path: str, doc: dict[str, Any]) -> dict[str, Any]:
+    import tempfile
+
+    from prfaas.experiments.idle_routes import measure
+    from prfaas.serve.topology import load_topology
+
+    lengths = [int(p["length_tokens"]) for p in doc["prefill"]["points"]]
+    return measure(load_topology(topology_path), lengths,
+                   tempfile.mkdtemp(prefix="prfaas-profile-idle-"))
 
 
 def _scenario(topology_path: str | None, profile: str, path: str) -> None:

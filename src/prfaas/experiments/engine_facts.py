@@ -73,10 +73,17 @@ def _vllm_profile(topology: Any, log_dir: str) -> dict[str, Any]:
 PROFILERS = {"native": _native_profile, "vllm": _vllm_profile}
 
 
-def measure_profile(topology: Any, log_dir: str) -> dict[str, Any]:
+def measure_profile(topology: Any, log_dir: str, idle_routes: bool = True) -> dict[str, Any]:
+    """The engine's profile, then (`idle_routes`) each route's idle TTFT through the started
+    topology (experiments/idle_routes.py) at the profile's prefill lengths."""
     from prfaas.core.errors import UnknownNameError
+    from prfaas.experiments import idle_routes as idle
 
     name = engine_name(topology)
     if name not in PROFILERS:
         raise UnknownNameError("engine", name, list(PROFILERS))
-    return PROFILERS[name](topology, log_dir)
+    doc = PROFILERS[name](topology, log_dir)
+    if idle_routes:
+        lengths = [int(p["length_tokens"]) for p in doc["prefill"]["points"]]
+        doc["idle_ttft"] = idle.measure(topology, lengths, log_dir)
+    return doc

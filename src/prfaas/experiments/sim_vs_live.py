@@ -10,7 +10,9 @@ hold one such object), nothing else:
   decision (`first_route`, before any retry moved the request local). Finish = last byte.
 - sim: `Simulator` on the system the profile describes (hardware, S_kv(l), decode steps), the
   topology's instance counts, link rate and connections. TTFT is `kv_ready_s - arrival_s` (the
-  request's KV held by its decoder, whose first token is then sampled), routes from the log.
+  request's KV held by its decoder, whose first token is then sampled), plus its route's fixed
+  overhead when the profile has idle-deployment points (`idle_ttft`, experiments/idle_routes.py:
+  median idle TTFT minus the simulator's for the same lone request), routes from the log.
 Per load: `ttft_mape` = mean over requests completed on both sides of |sim - live| / live;
 `throughput_*_rps` = completed requests / (last finish - first arrival), each side on its own
 times; `route_agreement` = share of requests both sides sent the same way. The loads are fixed
@@ -229,8 +231,8 @@ def threshold_of(topology: Any) -> int:
 
 # -- the two worlds ---------------------------------------------------------------------------
 
-def simulate_side(topology: Any, scenario: dict[str, Any], workload: Workload, layers: int
-                  ) -> tuple[Side, dict[str, Any]]:
+def simulate_side(topology: Any, scenario: dict[str, Any], workload: Workload, layers: int,
+                  overheads_s: dict[str, float] | None = None) -> tuple[Side, dict[str, Any]]:
     from prfaas.planner.search import plan_all
     from prfaas.scenario import parse_scenario
     from prfaas.serve.router.service import build_policy
@@ -240,9 +242,11 @@ def simulate_side(topology: Any, scenario: dict[str, Any], workload: Workload, l
 
     s = parse_scenario(scenario)
     n = _roles(topology)
+    ov = overheads_s or {}
     cfg = build_system(s, "prfaas_pd", threshold_tokens=threshold_of(topology),
                        planned=plan_all(s, mode="exact"), n_p=n["pd-p"], n_d=n["pd-d"],
-                       kv_layers=layers)
+                       kv_layers=layers, local_overhead_s=ov.get("pd", 0.0),
+                       remote_overhead_s=ov.get("prfaas", 0.0))
     router = build_policy(topology)  # the live router's builder: one policy object per world
     cfg = replace(cfg, router=topology.policy)
     sim = Simulator(cfg, workload, router, plugins=[CachePlugin(None, workload)])
@@ -252,6 +256,33 @@ def simulate_side(topology: Any, scenario: dict[str, Any], workload: Workload, l
     side = Side(arrival, np.asarray(log.kv_ready_s, dtype=float) - arrival,
                 np.asarray(log.finish_s, dtype=float), np.asarray(log.remote, dtype=bool))
     return side, cfg.describe()
+
+
+IDLE_GAP_S = 1000.0  # between the idle points' lone requests in the simulator
+
+
+def idle_overheads(topology: Any, scenario: dict[str, Any], profile: Path, layers: int
+                   ) -> dict[str, Any]:
+    """The profile's idle-deployment points (experiments/idle_routes.py) against the
+    simulator's TTFT for each as a lone request: the per-route fixed overheads."""
+    from prfaas.experiments.idle_routes import OUTPUT_TOKENS, route_overheads
+    from prfaas.models.profile_file import idle_ttft_points
+
+    points = idle_ttft_points(profile)
+    if not points:
+        return {"route_overhead_s": {}, "points": []}
+    n = len(points)
+    lone = Workload(np.arange(n, dtype=np.float64) * IDLE_GAP_S,
+                    np.array([p["length_tokens"] for p in points], dtype=np.int64),
+                    np.full(n, OUTPUT_TOKENS, dtype=np.int64), "idle points, one at a time")
+    side, _ = simulate_side(topology, scenario, lone, layers)
+    sim_ttft = [float(x) for x in side.ttft_s]
+    for p, remote in zip(points, side.remote, strict=True):
+        if (p["route"] == "prfaas") != bool(remote):
+            raise ConfigError("idle_ttft", p, "the simulator routed this idle point elsewhere")
+    return {"route_overhead_s": route_overheads(points, sim_ttft),
+            "points": [{**p, "sim_ttft_s": round(t, 6)}
+                       for p, t in zip(points, sim_ttft, strict=True)]}
 
 
 def live_side(url: str, model: str, workload: Workload, vocab_size: int, seed: int
@@ -312,7 +343,7 @@ def served_model(url: str) -> str:
         return str(json.load(resp)["data"][0]["id"])
 
 
-def _free_ports(topology: Any) -> Any:
+def free_ports(topology: Any) -> Any:
     return replace(topology, router_port=0, workers=tuple(
         replace(w, port=0, kv_port=0) for w in topology.workers))
 
@@ -331,11 +362,16 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
     capacity = planner_capacity_rps(lengths, profile, t, n["prfaas"], n["pd-p"],
                                     topology.link.rate_gbps or 100.0)
     loads = workloads(options, lengths, capacity)
-    sims = [simulate_side(topology, raw, w, facts.num_layers) for w in loads]
+    idle = idle_overheads(topology, raw, profile, facts.num_layers)
+    overheads = idle["route_overhead_s"]
+    sims = [simulate_side(topology, raw, w, facts.num_layers, overheads) for w in loads]
+    # the same simulator without the measured overheads: what they change (reported only)
+    bare = [simulate_side(topology, raw, w, facts.num_layers)[0] for w in loads] \
+        if overheads else [s for s, _ in sims]
     tick(f"simulated {len(loads)} loads (planner capacity {capacity:.3f} req/s at t={t})")
     lives = []
     t0 = time.perf_counter()
-    with deployed(_free_ports(topology), out_dir / "logs") as dep:
+    with deployed(free_ports(topology), out_dir / "logs") as dep:
         startup_s = time.perf_counter() - t0
         tick(f"deployment up in {startup_s:.0f} s")
         for i, w in enumerate(loads):
@@ -344,8 +380,10 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
             tick(f"live load {w.offered_rps():.3f} req/s done")
             time.sleep(1.0)
     entries = []
-    for w, (live, extra), (sim, _) in zip(loads, lives, sims, strict=True):
+    for w, (live, extra), (sim, _), sim0 in zip(loads, lives, sims, bare, strict=True):
         entry = load_entry(w.offered_rps(), live, sim)
+        mape0 = ttft_mape(live, sim0)
+        entry["ttft_mape_without_route_overheads"] = None if mape0 is None else round(mape0, 4)
         entry.update(errors_live=extra["errors"], error_samples=extra["error_samples"],
                      retried_live=extra["retried"],
                      loadavg_1m_before_after=extra["loadavg_1m_before_after"],
@@ -353,6 +391,7 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
                      per_request={"input_tokens": [int(x) for x in w.input_tokens],
                                   "ttft_live_s": _round(live.ttft_s),
                                   "ttft_sim_s": _round(sim.ttft_s),
+                                  "ttft_sim_without_route_overheads_s": _round(sim0.ttft_s),
                                   "remote_live": live.remote.astype(int).tolist(),
                                   "remote_sim": sim.remote.astype(int).tolist(),
                                   "kv_bytes_live": extra["kv_bytes"],
@@ -371,6 +410,7 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         "instances": n, "link_gbps": topology.link.rate_gbps,
         "link_sender_burst_bytes": _burst_bytes(topology),
         "planner_capacity_rps": round(capacity, 5),
+        "route_overhead_s": overheads, "idle_points": idle["points"],
         "plan_for_deployment_pool": {"threshold_tokens": plan.threshold_tokens,
                                      "n_p": plan.n_p, "n_d": plan.n_d,
                                      "lambda_max_rps": round(plan.lambda_max, 5)},

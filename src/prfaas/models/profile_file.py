@@ -10,6 +10,8 @@ Format (YAML):
     prefill: {points: [{length_tokens, time_s}, ...]}      # >= 3 points, quadratic fit
     kv: {points: [{length_tokens, bytes}, ...]}            # >= 2 points, linear fit
     decode: {bs_max, step_points: [{batch, step_s}, ...]}  # optional
+    idle_ttft: {how, points: [{route, length_tokens, ttft_s}, ...]}  # optional: a deployment's
+                                   # idle TTFT per route (experiments/idle_routes.py)
 
 A scenario refers to one with `hardware: {<hw>: {profile: PATH}}` and `kv: {profile: PATH}`.
 """
@@ -24,7 +26,7 @@ from prfaas.core.files import read_structured
 from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
 
 _KEYS = {"name", "hardware", "model", "how", "gpus_per_instance", "prefill", "kv", "decode",
-         "notes"}
+         "notes", "idle_ttft"}
 
 
 def read_profile_file(path: str | Path) -> dict[str, Any]:
@@ -73,3 +75,23 @@ def load_profile_file(path: str | Path, kv: KVSize | None = None) -> HardwarePro
     return HardwareProfile(str(raw.get("name", Path(path).stem)),
                            int(raw.get("gpus_per_instance", 1)), prefill, decode,
                            kv or kv_from_profile(path), str(raw.get("how", "")))
+
+
+def idle_ttft_points(path: str | Path) -> list[dict[str, Any]]:
+    """The profile's idle-deployment TTFT points (empty when it has none)."""
+    raw = read_profile_file(path)
+    block = raw.get("idle_ttft")
+    points = block.get("points") if isinstance(block, dict) else None
+    if block is None:
+        return []
+    if not isinstance(points, list):
+        raise ConfigError(f"{path}.idle_ttft.points", points, "expected a list")
+    out = []
+    for p in points:
+        try:
+            out.append({"route": str(p["route"]), "length_tokens": int(p["length_tokens"]),
+                        "ttft_s": float(p["ttft_s"])})
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"{path}.idle_ttft.points", p,
+                              "each point needs route, length_tokens and ttft_s") from None
+    return out

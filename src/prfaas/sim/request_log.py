@@ -18,7 +18,7 @@ class RequestLog:
     threshold_tokens: list[int]  # router's t when decided (-1: none)
     prefill_start_s: list[float]
     prefill_end_s: list[float]
-    kv_ready_s: list[float]  # = first token at the decoder (TTFT end)
+    kv_ready_s: list[float]  # = first token at the decoder (TTFT end; + the route overhead)
     finish_s: list[float]
     kv_bytes: list[float]
     flow_start_s: list[float]  # remote transfers: joined the link

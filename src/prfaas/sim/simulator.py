@@ -12,9 +12,11 @@ A remote (PrfaaS) transfer shares the inter-cluster link (see link.py). Pipeline
 joins at prefill start and ends at the later of its bandwidth-limited finish and prefill end plus
 the last layer's share; otherwise it joins at prefill end. Local transfers run unshared at the
 intra-cluster rate with the same overlap rule. TTFT ends when the whole KV (and with it the
-first token) is at the decode instance. A request whose placement has `link_wait_bytes` (a
-prefix move) joins its prefill queue once those bytes have crossed the shared link. Every
-transfer across the inter-cluster link arrives `cfg.rtt_s` later (models/tcp.py).
+first token) is at the decode instance, plus the route's fixed overhead when one was measured
+(`cfg.local_overhead_s` / `remote_overhead_s`: hops and first step; it delays no one). A
+request whose placement has `link_wait_bytes` (a prefix move) joins its prefill queue once
+those bytes have crossed the shared link. Every transfer across the inter-cluster link arrives
+`cfg.rtt_s` later (models/tcp.py).
 
 With `cfg.max_queued_per_prefill`, a decision whose prefill instance already has that many
 requests waiting for their first token spills to the other route or is rejected (policy/spill.py,
@@ -103,6 +105,8 @@ class Simulator:
         self._arrived = 0
         self._rtt_s = cfg.rtt_s
         self._pipelined = cfg.pipelined
+        self._local_overhead_s = cfg.local_overhead_s
+        self._remote_overhead_s = cfg.remote_overhead_s
         # failures (sim/failover.py): attempt number and stage of each request (0 not
         # admitted, 1 routed, 2 at its decoder, 3 done), steps left of resumed requests
         self.attempt = [0] * n
@@ -448,7 +452,8 @@ class Simulator:
             return  # an attempt a failure cancelled
         log = self.log
         if log.kv_ready_s[req] != log.kv_ready_s[req]:  # nan: the first token only once
-            log.kv_ready_s[req] = self.now_s
+            log.kv_ready_s[req] = self.now_s + (self._remote_overhead_s if log.remote[req]
+                                                else self._local_overhead_s)
         self.stage[req] = 2
         prefill = self._prefill_of[req]
         assert prefill is not None  # routed (stage 1) before its KV could arrive

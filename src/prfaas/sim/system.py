@@ -57,6 +57,11 @@ class SystemConfig:
     # None: unbounded queues, no spill
     max_queued_per_prefill: int | None = None
     cache_kv: KVSize | None = None  # what a prefix cache holds, when not `kv` (fp8 on the wire)
+    # a route's fixed cost beyond prefill compute and KV transfer (HTTP hops, the decoder's
+    # notice of its KV and first step, the stream back), added to the first token's time and
+    # occupying no instance; measured on an idle deployment (experiments/idle_routes.py)
+    local_overhead_s: float = 0.0
+    remote_overhead_s: float = 0.0
 
     def describe(self) -> dict[str, Any]:
         """The resolved configuration, written beside results."""
@@ -69,6 +74,9 @@ class SystemConfig:
                 **({"rtt_s": self.rtt_s} if self.rtt_s else {}),
                 **({"max_queued_per_prefill": self.max_queued_per_prefill}
                    if self.max_queued_per_prefill is not None else {}),
+                **({"local_overhead_s": self.local_overhead_s,
+                    "remote_overhead_s": self.remote_overhead_s}
+                   if self.local_overhead_s or self.remote_overhead_s else {}),
                 "pipelined": self.pipelined, "kv_layers": self.kv_layers,
                 "prefill_order": self.prefill_order}
 

@@ -85,6 +85,19 @@ def test_worker_becomes_the_right_vllm_command() -> None:
     assert kv["kv_connector_module_path"] == "prfaas.integrations.vllm.connector"
     assert kv["kv_connector"] == "PrfaasConnector"
     assert specs["pd-d"].environ()["VLLM_CPU_OMP_THREADS_BIND"] == dec.cores
+    # the whole instance is pinned, not only vLLM's OMP threads (server.py: cpu_set)
+    assert specs["pd-d"].cpu_set() == {int(dec.cores)}
+
+
+def test_cores_parse_to_cpu_sets_with_a_clear_error() -> None:
+    from prfaas.integrations.vllm.server import VllmSpec
+
+    assert VllmSpec("m", 1, cores="0-2,5").cpu_set() == {0, 1, 2, 5}
+    assert VllmSpec("m", 1, cores=None).cpu_set() is None
+    with pytest.raises(ConfigError, match="cores"):
+        VllmSpec("m", 1, cores="one").cpu_set()
+    with pytest.raises(ConfigError, match="cannot pin"):
+        VllmSpec("m", 1, cores="4095").pin()  # no such CPU here
 
 
 def test_link_compression_reaches_the_producers_sender_only() -> None:

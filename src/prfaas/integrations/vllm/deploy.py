@@ -102,6 +102,7 @@ def exec_worker(topology: Topology, name: str) -> None:
         uds, _ = start_front(topology.security.tls_dir, name, worker.host, worker.port)
     spec = worker_spec(topology, worker, extra, uds)
     cmd = spec.command()
+    spec.pin()  # the whole instance on its cores (server.py: VllmSpec.cpu_set)
     os.execve(cmd[0], cmd, spec.environ())
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from prfaas.core.errors import PrfaasError
+from prfaas.core.errors import ConfigError, PrfaasError
 
 KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
@@ -45,7 +45,7 @@ class VllmSpec:
     max_model_len: int = 4096
     max_num_batched_tokens: int = 1024
     kv_cache_gib: int = 1
-    cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
+    cores: str | None = None  # e.g. "0" or "0-1": every process of the instance (cpu_set)
     args: tuple[str, ...] = ("--enforce-eager",)
     env: dict[str, str] = field(default_factory=dict)
 
@@ -73,6 +73,30 @@ class VllmSpec:
         if kv is not None:
             cmd += ["--kv-transfer-config", json.dumps(kv)]
         return cmd
+
+    def cpu_set(self) -> set[int] | None:
+        """The CPUs the whole instance runs on (API server, EngineCore, Worker and their
+        threads), not only vLLM's OMP compute threads (VLLM_CPU_OMP_THREADS_BIND): a vLLM
+        EngineCore steps in a busy loop while a request waits for its KV, and unpinned, the
+        decoder's loop ran on the prefill instances' core (docs/sim-vs-live.md, "On vLLM")."""
+        if self.cores is None:
+            return None
+        cpus: set[int] = set()
+        for part in self.cores.split(","):
+            lo, _, hi = part.strip().partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise ConfigError("cores", self.cores, "expected CPU numbers like 0, 0-1 or 0,2")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        return cpus
+
+    def pin(self) -> None:
+        """Pin the calling process (before it execs the server: children inherit it)."""
+        cpus = self.cpu_set()
+        if cpus is not None:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError as exc:
+                raise ConfigError("cores", self.cores, f"cannot pin to them: {exc}") from exc
 
     def environ(self) -> dict[str, str]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE":
@@ -102,7 +126,8 @@ class VllmInstance:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 (owned by the child)
         self.proc = subprocess.Popen(self.spec.command(), stdout=log, stderr=subprocess.STDOUT,
-                                     env=self.spec.environ(), start_new_session=True)
+                                     env=self.spec.environ(), start_new_session=True,
+                                     preexec_fn=self.spec.pin)
         log.close()
 
     def start(self, timeout_s: float = 300.0) -> None:

@@ -1,0 +1,80 @@
+"""Each route's fixed cost, measured on an idle deployment (part of a topology's profile).
+
+The engine profile times one instance alone (T_prefill(l), S_kv(l), decode steps); a request
+through the deployment pays more than that: the client -> router -> decode/prefill HTTP hops,
+the connector's work in the prefill, the decoder's notice of its KV and its first step, the
+stream back. `measure` sends requests one at a time (the previous one finished: no queue, an
+idle link) through the topology's router at the profile's lengths and records each one's
+client TTFT and the route the policy chose: the profile's `idle_ttft` points.
+
+`route_overheads` turns them into one fixed overhead per route: the median, over that route's
+points, of the idle TTFT minus what the simulator predicts for the same lone request from the
+engine profile (the simulator itself computes that side: sim_vs_live.simulate_idle). Nothing
+here looks at a loaded run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HOW = ("client TTFT of single requests (fresh random token-id prompts, streaming, greedy, "
+       "4 output tokens, ignore_eos) through the topology's router, one at a time with the "
+       "deployment otherwise idle; route = the policy's first choice")
+OUTPUT_TOKENS = 4
+# after each request, so the next one finds every instance idle: longer than the 1 s a vLLM
+# Worker keeps spinning on its step queue after its last step (shm_broadcast.SpinCondition),
+# which on a shared core takes CPU from the instance beside it
+PAUSE_S = 1.5
+
+
+def measure(topology: Any, lengths: list[int], log_dir: str | Path, reps: int = 3,
+            seed: int = 11) -> dict[str, Any]:
+    """Start the topology (free ports), measure, stop it: the profile's `idle_ttft` section."""
+    from prfaas.experiments.engine_facts import model_facts
+    from prfaas.experiments.runs import deployed
+    from prfaas.experiments.sim_vs_live import free_ports, served_model
+
+    facts = model_facts(topology)
+    usable = [n for n in lengths if n < facts.max_context_tokens - OUTPUT_TOKENS - 1]
+    with deployed(free_ports(topology), Path(log_dir) / "idle-routes") as dep:
+        points = measure_on(dep.url, served_model(dep.url), usable, facts.vocab_size, reps,
+                            seed)
+    return {"how": HOW, "points": points}
+
+
+def measure_on(url: str, model: str, lengths: list[int], vocab_size: int, reps: int,
+               seed: int) -> list[dict[str, Any]]:
+    from prfaas.bench.loadgen import run_load
+    from prfaas.bench.workload import BenchRequest
+
+    rng = np.random.default_rng(seed)
+    warm = BenchRequest([int(t) for t in rng.integers(3, vocab_size, min(lengths))],
+                        OUTPUT_TOKENS)
+    asyncio.run(run_load(url, model, [warm], [0.0], timeout_s=300.0))
+    points = []
+    for _ in range(reps):  # lengths interleaved: a slow moment of the host spreads over all
+        for n in lengths:
+            req = BenchRequest([int(t) for t in rng.integers(3, vocab_size, n)], OUTPUT_TOKENS)
+            res = asyncio.run(run_load(url, model, [req], [0.0], timeout_s=300.0))[0]
+            if res.ok and res.ttft_s is not None:
+                route = res.prfaas.get("first_route") or res.prfaas.get("route") or ""
+                points.append({"route": str(route), "length_tokens": int(n),
+                               "ttft_s": round(float(res.ttft_s), 6)})
+            time.sleep(PAUSE_S)
+    return points
+
+
+def route_overheads(points: list[dict[str, Any]], sim_ttft_s: list[float]
+                    ) -> dict[str, float]:
+    """Per route: median(idle live TTFT - simulated TTFT of the same lone request)."""
+    out: dict[str, float] = {}
+    for route in sorted({p["route"] for p in points}):
+        diffs = [float(p["ttft_s"]) - s for p, s in zip(points, sim_ttft_s, strict=True)
+                 if p["route"] == route]
+        out[route] = round(float(np.median(diffs)), 6)
+    return out
