@@ -44,7 +44,7 @@ from prfaas.serve.gateway import GatewayConfig, TenantSpec
 from prfaas.serve.resilience import AdmissionSpec
 from prfaas.serve.topology import LinkSpec, Timeouts, Topology, WorkerSpec
 from prfaas.sim.regions import RegionsSimulator
-from prfaas.sim.regions_run import build_regions, simulate_regions
+from prfaas.sim.regions_run import build_regions, fairness_relative, simulate_regions
 from prfaas.workload.arrivals import make_arrivals
 from prfaas.workload.requests import Workload, synthetic
 
@@ -344,18 +344,10 @@ def fairness_runs(setup: RegionsSetup, dep: RegionsDeployment, *, hog: str, load
     for k in base:
         if k == hog:
             continue
-        out["victims"][k] = {side: _relative(runs["overloaded"][side][k], runs["fair"][side][k])
+        out["victims"][k] = {side: fairness_relative(runs["overloaded"][side][k],
+                                                     runs["fair"][side][k])
                              for side in ("live", "sim")}
     return out
-
-
-def _relative(run: Mapping[str, Any], fair: Mapping[str, Any]) -> dict[str, Any]:
-    thr = run["throughput_rps"] / fair["throughput_rps"] if fair["throughput_rps"] else None
-    p90 = (run["ttft_p90_s"] / fair["ttft_p90_s"]
-           if run["ttft_p90_s"] is not None and fair["ttft_p90_s"] else None)
-    return {"throughput_ratio": None if thr is None else round(thr, 4),
-            "ttft_p90_ratio": None if p90 is None else round(p90, 4),
-            "holds": bool(thr is not None and p90 is not None and thr >= 0.9 and p90 <= 1.25)}
 
 
 def with_policy(setup: RegionsSetup, share_policy: str) -> RegionsSetup:
