@@ -55,7 +55,7 @@ from typing import Any
 import psutil
 
 from prfaas.integrations.vllm.model_builder import ensure_model
-from prfaas.integrations.vllm.reference import complete, reference_spec
+from prfaas.integrations.vllm.reference import complete, post_completion, reference_spec
 from prfaas.integrations.vllm.server import VllmInstance
 from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.topology import Topology, free_port, load_topology
@@ -82,13 +82,7 @@ def _topology(model: Path, decoder_blocks: int) -> Topology:
 
 
 def _post(url: str, body: dict[str, Any], timeout_s: float = 1800) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, {"error": err.read()[:500].decode(errors="replace")}
+    return post_completion(url, body, timeout_s)
 
 
 def _stream(url: str, body: dict[str, Any], timeout_s: float = 1800,

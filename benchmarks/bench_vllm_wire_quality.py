@@ -37,8 +37,6 @@ import random
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -46,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from prfaas.integrations.vllm.model_builder import ensure_model
+from prfaas.integrations.vllm.reference import post_completion
 from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.topology import Topology, load_topology
 
@@ -77,13 +76,7 @@ def topology(arch: str, model_dir: Path) -> Topology:
 
 
 def post(url: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+    return post_completion(url, body, timeout_s)
 
 
 @dataclasses.dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from prfaas.integrations.vllm.model_builder import ensure_model
-from prfaas.integrations.vllm.reference import reference_spec
+from prfaas.integrations.vllm.reference import post_completion, reference_spec
 from prfaas.integrations.vllm.server import VllmInstance
 from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.topology import Topology, free_port, load_topology
@@ -128,13 +128,7 @@ def wait_healthy(url: str, timeout_s: float = 600) -> None:
 
 
 def post(url: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+    return post_completion(url, body, timeout_s)
 
 
 def routed(url: str, prompt: list[int] | str, max_tokens: int, **extra: Any) -> dict[str, Any]:

@@ -30,15 +30,30 @@ def complete(url: str, served_name: str, prompt: str | list[int], max_tokens: in
     `token_ids` and `prompt_token_ids`."""
     body = {"model": served_name, "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 0.0, "return_token_ids": True, **extra}
+    status, reply = post_completion(url, body, timeout_s)
+    if status != 200:
+        raise PrfaasError(f"vLLM answered HTTP {status}: {str(reply)[:300]}")
+    choice: dict[str, Any] = reply["choices"][0]
+    return choice
+
+
+def post_completion(url: str, body: dict[str, Any],
+                    timeout_s: float = 600.0) -> tuple[int, dict[str, Any]]:
+    """POST `body` to `url`/v1/completions (a vLLM instance or a prfaas router): the HTTP status
+    and the JSON reply; an error body that is not JSON comes back as {"error": its text}."""
     req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             reply: dict[str, Any] = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        raise PrfaasError(f"vLLM answered HTTP {exc.code}: {exc.read()[:300]!r}") from exc
-    choice: dict[str, Any] = reply["choices"][0]
-    return choice
+            return resp.status, reply
+    except urllib.error.HTTPError as err:
+        raw = err.read()
+        try:
+            parsed: dict[str, Any] = json.loads(raw or b"{}")
+        except ValueError:
+            parsed = {"error": raw[:500].decode(errors="replace")}
+        return err.code, parsed
 
 
 def generate(s: VllmSettings, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
