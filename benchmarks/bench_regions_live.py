@@ -130,7 +130,7 @@ def main() -> int:
             result["capacity_partial"] = part
             save()
 
-        result["capacity"] = capacity(setup, opts, partial)
+        result["capacity"] = {"command": result["command"], **capacity(setup, opts, partial)}
         result.pop("capacity_partial", None)
         save()
         c = result["capacity"]

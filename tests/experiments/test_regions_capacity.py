@@ -6,6 +6,8 @@ from per-request times as the simulator does from its own event counts."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -17,11 +19,13 @@ from prfaas.experiments.regions_capacity import (
     MixProbe,
     RegionVerdict,
     bracket_json,
+    live_verdicts,
     probe_workloads,
     region_verdict,
     search,
+    sim_verdicts,
 )
-from prfaas.experiments.regions_live import RegionsSetup, regions_setup
+from prfaas.experiments.regions_live import RegionRun, RegionsSetup, regions_setup
 from prfaas.sim.regions import RegionsSimulator
 from prfaas.sim.regions_run import build_regions, simulate_regions
 
@@ -112,3 +116,29 @@ def test_region_verdict_counts_an_unfinished_request_as_in_system() -> None:
     finish[100:] = np.nan  # half never finish: the queue grows, the throughput falls
     bad = region_verdict(2.0, arrival, finish)
     assert not bad.sustainable and bad.queue_growth > 10
+
+
+def test_live_verdicts_read_a_live_log_in_live_seconds() -> None:
+    """The simulator's run written as a live log (times x a, as `run_live` records them) is
+    judged as the simulator's own: the units are converted once, on the live side."""
+    setup = _setup()
+    opts = CapacityOptions()
+    work = probe_workloads(setup, 0.875, opts)
+    cfg = build_regions(setup.scenario, setup.plan, setup.share_policy, controller=False)
+    run = RegionsSimulator(cfg, {k: setup.to_scenario_units(w) for k, w in work.items()}).run()
+    a = setup.a
+    logs = {r.setup.name: RegionRun(r.work.arrival_s * a, r.kv_at * a, r.kv_at * a,
+                                    r.finish * a, r.offloaded, np.isfinite(r.finish),
+                                    np.zeros(len(r.work)), ()) for r in run.regions}
+    live, sim = live_verdicts(setup, work, logs), sim_verdicts(setup, work)
+    for k in sim:
+        lv, sm = live[k], sim[k]
+        assert lv.sustainable == sm.sustainable
+        assert lv.regions_rule.sustainable == sm.regions_rule.sustainable
+        assert lv.probe.throughput_rps == pytest.approx(sm.probe.throughput_rps, rel=1e-9)
+        assert lv.probe.queue_growth == pytest.approx(sm.probe.queue_growth, abs=1e-9)
+        assert lv.probe.ttft_s["p90"] == pytest.approx(sm.probe.ttft_s["p90"], rel=1e-6)
+    # the control: a log left in scenario seconds reads as a run at half the rate
+    wrong = {k: replace(g, arrival_s=g.arrival_s / a, ready_s=g.ready_s / a,
+                        finish_s=g.finish_s / a) for k, g in logs.items()}
+    assert not any(v.sustainable for v in live_verdicts(setup, work, wrong).values())
