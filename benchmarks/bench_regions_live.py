@@ -18,9 +18,15 @@ Sections (each on a fresh deployment, written to the JSON as it finishes):
   its plan, the near region at LOAD x plan; the near region's throughput and P90 TTFT over the
   fair run's, live and simulated (same requests, controller off). Must show with DRR: >= 0.90
   and <= 1.25; FCFS is the negative control.
+- `capacity`: the PrfaaS-PD system's capacity along the plan's mix (both regions at x times
+  their planned rates, x searched) live on one deployment, and by the same search in the
+  simulator on the same requests (experiments/regions_capacity.py: probe.Search from a fixed
+  x = 0.25, doubling then bisecting; a region's verdict is probe.judge on its requests, the
+  same function on both sides); beside them the simulator's 4000-request capacity
+  (sim/regions_run.find_region_capacity, controller off) and the plan (x = 1).
 
 Run: flock /work/heavy.lock .venv/bin/python benchmarks/bench_regions_live.py [--quick]
-     [--only partition|fairness] [--fairness-s S]
+     [--only partition|fairness|capacity] [--fairness-s S] [--probe-s S] [--max-probes N]
 Writes benchmarks/results/regions_live.json (--quick: regions_live_quick.json).
 """
 
@@ -31,17 +37,28 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from prfaas.emulated.scales import Scales
+from prfaas.experiments.regions_capacity import (
+    CapacityOptions,
+    MixProbe,
+    capacity_json,
+    live_search,
+    sim_search,
+)
 from prfaas.experiments.regions_live import (
+    RegionsSetup,
     fairness_runs,
     gateway_status,
     partition_run,
     regions_setup,
     with_policy,
 )
+from prfaas.sim.regions_run import build_regions, find_region_capacity
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = "two-regions-live"
@@ -55,9 +72,12 @@ HOG = "far"
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=("partition", "fairness"), default=None)
+    parser.add_argument("--only", choices=("partition", "fairness", "capacity"), default=None)
     parser.add_argument("--fairness-s", type=float, default=240.0,
                         help="scenario seconds of arrivals per fairness run")
+    parser.add_argument("--probe-s", type=float, default=CapacityOptions.probe_s,
+                        help="scenario seconds of arrivals per capacity probe")
+    parser.add_argument("--max-probes", type=int, default=CapacityOptions.max_probes)
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     out_path = ROOT / "benchmarks/results" / ("regions_live_quick.json" if args.quick
@@ -102,7 +122,58 @@ def main() -> int:
             result[f"fairness_{policy}"] = run
             save()
             print(f"fairness {policy}: {run['victims']}", flush=True)
+    if args.only in (None, "capacity"):
+        opts = CapacityOptions(probe_s=60.0 if args.quick else args.probe_s,
+                               max_probes=4 if args.quick else args.max_probes)
+
+        def partial(part: dict[str, Any]) -> None:
+            result["capacity_partial"] = part
+            save()
+
+        result["capacity"] = {"command": result["command"], **capacity(setup, opts, partial)}
+        result.pop("capacity_partial", None)
+        save()
+        c = result["capacity"]
+        print(f"capacity: live x {c['live']['bracket_scale']}, sim x "
+              f"{c['sim']['bracket_scale']}, sim 4000-request x {c['sim_long']['scale']}",
+              flush=True)
     return 0
+
+
+def capacity(setup: RegionsSetup, opts: CapacityOptions,
+             partial: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Simulated search first (it needs no deployment), then the live one on one deployment;
+    each live probe is saved as it finishes (`capacity_partial`)."""
+    t0 = time.time()
+    sim = sim_search(setup, opts)
+    long = find_region_capacity(setup.scenario, setup.plan, build_regions(
+        setup.scenario, setup.plan, setup.share_policy, controller=False), requests=4000)
+    done: list[dict[str, Any]] = []
+
+    def on_probe(p: MixProbe) -> None:
+        done.append(p.to_json())
+        partial({"probes": done, "wall_s": round(time.time() - t0, 1)})
+        print(f"capacity probe x={p.scale:.4f}: live {'ok' if p.sustainable else 'over'}, "
+              f"sim {'ok' if done[-1]['sim_sustained'] else 'over'} "
+              f"({time.time() - t0:.0f} s)", flush=True)
+
+    with setup.deployment() as dep:
+        live = live_search(setup, dep, opts, on_probe)
+        gateway = gateway_status(dep, "near")
+    out = capacity_json(setup, opts, live, sim, long)
+    out.update(gateway=gateway, wall_s=round(time.time() - t0, 1),
+               loadavg_1m_end=os.getloadavg()[0], sim_spread=sim_spread(setup, opts))
+    return out
+
+
+def sim_spread(setup: RegionsSetup, opts: CapacityOptions) -> dict[str, Any]:
+    """How much the simulated search's answer moves with the probe length and seed alone
+    (the noise floor of a capacity from probes this short)."""
+    xs = {f"{ps:.0f}s_seed{seed}": sim_search(setup, replace(
+        opts, probe_s=ps, seed=seed, max_probes=12))[1].sustained_rps
+          for ps in (120.0, 140.0, 160.0, 240.0) for seed in (0, 1, 2)}
+    vals = [v for v in xs.values() if v is not None]
+    return {"capacity_scale": xs, "min": min(vals), "max": max(vals)}
 
 
 if __name__ == "__main__":

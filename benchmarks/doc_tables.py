@@ -761,3 +761,35 @@ def wire_capacity(load: Loader) -> str:
                     f"({fixed['rate_rps']:.2f} req/s)",
                     f"{dip['mean']:.2f} / {dip['p90']:.2f}" if dip else ""]))
     return "\n".join(lines)
+
+
+@table("regions-live-capacity")
+def regions_live_capacity(load: Loader) -> str:
+    """docs/multi-region.md: bench_regions_live.py --only capacity, one row per live probe
+    with the simulator's verdict and figures on the same requests."""
+    cap = load("regions_live.json")["capacity"]
+    plan = cap["planned_rps"]
+
+    def verdict(regions: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {'ok' if r['sustained'] else 'over'}" for k, r in regions.items())
+
+    def pair(p: dict[str, Any], k: str, key: str, digits: int) -> str:
+        def get(r: dict[str, Any]) -> str:
+            v = r[key] if key != "ttft_p90" else r["ttft_s"].get("p90")
+            return "-" if v is None else f"{v:.{digits}f}"
+
+        return f"{get(p['regions'][k])} / {get(p['sim_regions'][k])}"
+
+    rows = []
+    for i, p in enumerate(cap["live"]["probes"]):
+        x = p["scale"]
+        rows.append([f"{i + 1}", f"{x:.4g}", " / ".join(f"{x * v:.3f}" for v in plan.values()),
+                     verdict(p["regions"]), verdict(p["sim_regions"]),
+                     *(pair(p, k, "ready_throughput_rps", 3) for k in plan),
+                     *(pair(p, k, "ttft_p90", 1) for k in plan)])
+    names = list(plan)
+    head = ["probe", "x (of plan)", f"offered {' / '.join(names)} (req/s)", "live verdict",
+            "simulator verdict, same requests",
+            *(f"{k} ready throughput live / sim" for k in names),
+            *(f"{k} TTFT P90 live / sim (s)" for k in names)]
+    return "\n".join([_cells(head), "|" + "---|" * len(head), *map(_cells, rows)])

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -98,20 +98,32 @@ class Bracket:
         return (hi - lo) / lo if lo and hi else None
 
 
+class Verdict(Protocol):
+    """What a search reads of a probe: whether the rate was sustained."""
+
+    @property
+    def sustainable(self) -> bool: ...
+
+
+V = TypeVar("V", bound=Verdict)
+
+
 @dataclass
-class Search:
+class Search(Generic[V]):
     """A capacity search that sees nothing but its probe's verdicts: it starts at `start_rps`
     (a fixed low rate chosen before any estimate exists, never the simulator's or planner's
     figure), doubles the rate while probes are sustained (halves it while they are not) until
     one sustained and one unsustained rate bracket the capacity, then bisects until
     (unsustained - sustained) / sustained <= `rel_tol` or `max_probes` ran. The live run and
-    the simulator use this same procedure on the same probe workloads."""
+    the simulator use this same procedure on the same probe workloads (a probe's verdict: a
+    `ProbeResult`, or experiments/regions_capacity.py's `MixProbe` where the "rate" is a
+    scale of a multi-cluster plan's rates)."""
 
-    probe: Callable[[float], ProbeResult]
+    probe: Callable[[float], V]
     start_rps: float
     rel_tol: float = 0.02
     max_probes: int = 16
-    probes: list[ProbeResult] = field(default_factory=list)
+    probes: list[V] = field(default_factory=list)
 
     def run(self) -> Bracket:
         lo: float | None = None
