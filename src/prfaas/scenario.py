@@ -48,7 +48,7 @@ from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.core.files import read_text
 from prfaas.models.catalog import resolve_model
 from prfaas.models.compression import MODES as COMPRESSION_MODES
-from prfaas.models.compression import CodecSpeed, choose_compression, measured_speeds, wire_ratio
+from prfaas.models.compression import CodecSpeed, measured_speeds, planned_codec
 from prfaas.models.kv import geometry, wire_dtype_name
 from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
 from prfaas.models.profile_file import kv_from_profile, load_profile_file
@@ -118,16 +118,18 @@ class Scenario:
     def wire_codec(self) -> str:
         """The codec the link's senders use: `compression`, with `auto` decided by the live
         sender's rule (models/compression.py) on the link's rate and connections."""
-        return choose_compression(self.compression, self.link_gbps, self.tcp.connections,
-                                  self.codec_speeds)
+        return self._codec()[0]
+
+    def _codec(self) -> tuple[str, float]:
+        return planned_codec(self.compression, self.link_gbps, self.tcp.connections,
+                             self.codec_speeds)
 
     @property
     def wire_kv(self) -> KVSize:
         """S_kv(l) as it crosses a link: `kv` with the full-attention part in `wire_dtype`,
         then shrunk by the codec's measured ratio."""
-        codec = self.wire_codec
-        return (self.kv.on_wire(self.wire_dtype, self.cache_dtype)
-                .compressed(wire_ratio(codec, self.codec_speeds), codec))
+        codec, ratio = self._codec()
+        return self.kv.on_wire(self.wire_dtype, self.cache_dtype).compressed(ratio, codec)
 
     @property
     def flow_cap_gbps(self) -> float | None:

@@ -63,6 +63,16 @@ def choose_compression(mode: str, rate_gbps: float | None, connections: int,
     return best.name
 
 
+def planned_codec(mode: str, rate_gbps: float | None, connections: int,
+                  speeds: tuple[CodecSpeed, ...]) -> tuple[str, float]:
+    """The codec a link uses (`choose_compression`) and the tensor / wire ratio to plan with:
+    its measured ratio, or 1.0 for a codec without figures (a live router's prior then waits
+    for the workers' reports). What the scenario and the live router both predict with."""
+    codec = choose_compression(mode, rate_gbps, connections, speeds)
+    known = codec == "none" or any(s.name == codec for s in speeds)
+    return codec, wire_ratio(codec, speeds) if known else 1.0
+
+
 def wire_ratio(codec: str, speeds: tuple[CodecSpeed, ...]) -> float:
     """Tensor bytes per wire byte with `codec` ("none": 1)."""
     if codec == "none":
@@ -81,6 +91,14 @@ def codec_table() -> dict[str, Any]:
     text = resources.files("prfaas.data").joinpath("codec_speeds.json").read_text()
     table: dict[str, Any] = json.loads(text)
     return table
+
+
+def known_speeds(kv: str | None, dtype: str) -> tuple[CodecSpeed, ...]:
+    """`measured_speeds`, or none where nothing was measured (a live prior, not a config)."""
+    table = codec_table()["kv"]
+    if kv is None or dtype not in table.get(kv, {}):
+        return ()
+    return measured_speeds(kv, dtype)
 
 
 def measured_speeds(kv: str, dtype: str) -> tuple[CodecSpeed, ...]:
