@@ -4,6 +4,7 @@ egress counts the bytes that crossed the wire, transfer predictions the measured
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import pytest
 from serve_helpers import topology
@@ -12,7 +13,10 @@ from prfaas.core.errors import ConfigError
 from prfaas.models import compression
 from prfaas.serve.engines import engine_backend
 from prfaas.serve.router.cluster import LiveCluster
+from prfaas.serve.router.dispatch import Outcome
 from prfaas.serve.router.plan import live_codec, live_plan_inputs, load_live_profile
+from prfaas.serve.router.respond import Reply
+from prfaas.serve.router.service import RouterService
 from prfaas.serve.topology import parse_topology
 
 
@@ -87,3 +91,17 @@ def test_router_prior_and_live_plan_use_the_measured_ratio(
     monkeypatch.setattr(compression, "codec_table", lambda: table)
     wrong = predicted()
     assert wrong[0] == wrong[1] and not follows(wrong)
+
+
+def test_metrics_count_the_wire_bytes_beside_the_kv_bytes() -> None:
+    """/metrics: prfaas_kv_wire_bytes_total counts what crossed the link as the worker reported
+    it, prfaas_kv_bytes_total the KV itself; a worker that reports no wire bytes (the vLLM
+    connector: its reply comes before its sender has finished) counts its KV bytes in both."""
+    service = RouterService(topology())
+    reply = cast(Reply, None)  # not read without a first token
+    service._count(Outcome(route="prfaas", kv_bytes=1000, kv_wire_bytes=800), "ok", 0.0,
+                   None, reply)
+    service._count(Outcome(route="prfaas", kv_bytes=500), "ok", 0.0, None, reply)
+    text = service.metrics.render()
+    assert 'prfaas_kv_bytes_total{link="inter_dc"} 1500' in text
+    assert 'prfaas_kv_wire_bytes_total{link="inter_dc"} 1300' in text

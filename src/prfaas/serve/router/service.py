@@ -279,6 +279,8 @@ class RouterService:
             return
         link = "inter_dc" if out.route == "prfaas" else "intra"
         m.kv_bytes.inc(out.kv_bytes, link=link)
+        wire = out.kv_wire_bytes
+        m.kv_wire_bytes.inc(out.kv_bytes if wire is None else wire, link=link)
         m.kv_transfers.inc(out.transfers, link=link)
         m.cached_tokens.inc(out.cached_tokens)
         if first_s is not None:
