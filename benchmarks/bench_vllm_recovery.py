@@ -55,10 +55,10 @@ from typing import Any
 import psutil
 
 from prfaas.integrations.vllm.model_builder import ensure_model
-from prfaas.integrations.vllm.reference import complete, post_completion, reference_spec
+from prfaas.integrations.vllm.reference import complete, deployment_with_reference, post_completion
 from prfaas.integrations.vllm.server import VllmInstance
 from prfaas.serve.deploy.launcher import Deployment
-from prfaas.serve.topology import Topology, free_port, load_topology
+from prfaas.serve.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "vllm_recovery.json"
@@ -239,29 +239,18 @@ def main(argv: list[str] | None = None) -> int:
         result["cli_generate_s"] = round(time.monotonic() - t0, 1)
 
         log_dir = root / "logs"
-        trace_dir = log_dir / "traces"
-        trace_dir.mkdir(parents=True)
-        assert topo.vllm is not None
-        ref = VllmInstance(reference_spec(topo.vllm, free_port(), cores="1"),
-                           log_dir / "reference.log")
-        ref.spawn()
-        os.environ["PRFAAS_VLLM_TRACE_DIR"] = str(trace_dir)
-        dep = Deployment(topo, log_dir, start_timeout_s=900)
         t0 = time.monotonic()
         try:
-            dep.start()
-            ref.wait_ready(900)
-            result["deploy_s"] = round(time.monotonic() - t0, 1)
-            try:
-                result.update(_run(args, rng, dep, ref, trace_dir, cli_ids))
-            except Exception:  # written to the JSON: a failed run is a result
-                import traceback
+            with deployment_with_reference(topo, log_dir) as (dep, ref, trace_dir):
+                assert ref is not None
+                result["deploy_s"] = round(time.monotonic() - t0, 1)
+                try:
+                    result.update(_run(args, rng, dep, ref, trace_dir, cli_ids))
+                except Exception:  # written to the JSON: a failed run is a result
+                    import traceback
 
-                result["error"] = traceback.format_exc()[-3000:]
+                    result["error"] = traceback.format_exc()[-3000:]
         finally:
-            os.environ.pop("PRFAAS_VLLM_TRACE_DIR", None)
-            dep.stop(timeout_s=30)
-            ref.stop()
             if os.environ.get("PRFAAS_BENCH_KEEP_LOGS"):
                 keep = Path(os.environ["PRFAAS_BENCH_KEEP_LOGS"])
                 subprocess.run(["cp", "-r", str(log_dir), str(keep)], check=False)

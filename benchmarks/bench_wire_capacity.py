@@ -1,4 +1,5 @@
-"""What fp8 on the wire buys: plan and simulated capacity and TTFT, bf16 vs fp8 KV on the link.
+"""What fp8 and lossless compression on the wire buy: plan and simulated capacity and TTFT,
+bf16 vs fp8 KV on the link, each without and with zstd.
 
 For the scenarios `public-internet` and `link-fluctuation` (the paper's case study over a
 20.58 Gbps public path, and over a 100 Gbps link that dips to 10 Gbps for 300 s), each with
@@ -9,7 +10,11 @@ paper-mode plans, the simulator's capacity search on the exact plan's configurat
 `prfaas capacity` runs it), and one simulation at a fixed offered rate (the same for both
 wire dtypes: 90% of the bf16 capacity) for TTFT, with the dip window of link-fluctuation
 apart. Systems: PrfaaS-PD (threshold routing) and naive heterogeneous (every prefill remote,
-so every request's KV crosses the link).
+so every request's KV crosses the link). The `+ zstd` rows set `link: {compression: zstd}`:
+S_kv(l) on the wire over the zstd ratio measured on the native KDA:MLA engine's KV in that
+dtype (data/codec_speeds.json, from transport.json), and each simulated transfer capped at
+the link's connections x the codec's measured one-thread rate / ratio (Scenario.flow_cap_gbps);
+`auto_codec` records what `compression: auto` would pick on each link (the live sender's rule).
 
     PYTHONPATH=src python benchmarks/bench_wire_capacity.py [--requests 4000]
 
@@ -29,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from prfaas.models.catalog import find_model
+from prfaas.models.compression import codec_table, wire_ratio
 from prfaas.models.kv import geometry
 from prfaas.planner.search import plan_all
 from prfaas.scenario import Scenario, load_scenario, parse_scenario
@@ -41,16 +47,20 @@ from prfaas.workload.requests import synthetic
 OUT = Path(__file__).resolve().parent / "results" / "wire_capacity.json"
 SCENARIOS = ("public-internet", "link-fluctuation")
 SYSTEMS = ("prfaas_pd", "naive_heterogeneous")
-WIRE = {"bf16": None, "fp8_e4m3": "fp8_e4m3"}
+# label -> (link.wire_dtype, link.compression)
+WIRE = {"bf16": (None, "none"), "fp8_e4m3": ("fp8_e4m3", "none"),
+        "bf16 + zstd": (None, "zstd"), "fp8_e4m3 + zstd": ("fp8_e4m3", "zstd")}
 DIP_S = (300.0, 600.0)  # link-fluctuation's 10 Gbps window
 FIXED_RATE_SHARE = 0.9
 
 
-def scenario_with(name: str, wire_dtype: str | None) -> Scenario:
+def scenario_with(name: str, wire_dtype: str | None, compression: str = "none") -> Scenario:
     base = load_scenario(name)
     raw = copy.deepcopy(base.raw)
     if wire_dtype is not None:
         raw["link"]["wire_dtype"] = wire_dtype
+    if compression != "none":
+        raw["link"]["compression"] = compression
     return parse_scenario(raw, base.path)
 
 
@@ -81,12 +91,16 @@ def fixed_rate(s: Scenario, cfg: Any, rate: float, requests: int, seed: int) -> 
 def measure(name: str, requests: int, seed: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     caps: dict[str, float] = {}
-    for label, wire in WIRE.items():
-        s = scenario_with(name, wire)
+    for label, (wire, codec) in WIRE.items():
+        s = scenario_with(name, wire, codec)
         exact = plan_all(s, mode="exact")
         paper = plan_all(s, mode="paper")
         row: dict[str, Any] = {"kv_per_token_bytes": s.wire_kv.per_token_bytes,
-                               "kv_fixed_bytes": s.wire_kv.fixed_bytes}
+                               "kv_fixed_bytes": s.wire_kv.fixed_bytes,
+                               "codec": s.wire_codec,
+                               "codec_ratio": wire_ratio(s.wire_codec, s.codec_speeds),
+                               "flow_cap_gbps": s.flow_cap_gbps,
+                               "auto_codec": scenario_with(name, wire, "auto").wire_codec}
         for system in SYSTEMS:
             cfg = build_system(s, system, planned=exact)
             cap = find_capacity(cfg, s.lengths, s.output_tokens, make_arrivals("uniform"),
@@ -113,7 +127,9 @@ def main() -> None:
     results = {name: measure(name, args.requests, args.seed) for name in SCENARIOS}
     kimi = geometry(find_model("Kimi-Linear-48B-A3B"))  # = prfaas kv --wire-dtype fp8
     OUT.write_text(json.dumps({
-        "what": "plan and simulated capacity/TTFT with bf16 vs fp8_e4m3 KV on the inter-DC link",
+        "what": "plan and simulated capacity/TTFT with bf16 vs fp8_e4m3 KV on the inter-DC "
+                "link, each without and with zstd (ratio and rate measured on real KV)",
+        "codec_figures": {k: codec_table()[k] for k in ("source", "measured_at")},
         "command": f"PYTHONPATH=src python benchmarks/bench_wire_capacity.py --requests "
                    f"{args.requests}",
         "arrivals": "uniform", "seed": args.seed, "requests": args.requests,

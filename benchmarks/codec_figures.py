@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from prfaas.engine import Engine, EngineConfig, LayerKV
-from prfaas.policy.compression import CodecSpeed, choose_compression
+from prfaas.models.compression import CodecSpeed, choose_compression
 from prfaas.serve.worker.kvship import layer_arrays
 from prfaas.transport import KVSender, SenderConfig
 from prfaas.transport import codec as codecs

@@ -739,12 +739,13 @@ def wire_quality(load: Loader) -> str:
 
 @table("wire-capacity")
 def wire_capacity(load: Loader) -> str:
-    """docs/wire-format.md: plan and simulated capacity / TTFT, bf16 vs fp8 KV on the link."""
+    """docs/wire-format.md: plan and simulated capacity / TTFT, bf16 vs fp8 KV on the link,
+    without and with zstd."""
     data = load("wire_capacity.json")
-    lines = [_cells(["scenario", "system", "KV on the wire", "plan (exact) req/s",
+    lines = [_cells(["scenario", "system", "KV on the wire", "`auto` picks", "plan (exact) req/s",
                      "plan egress Gbps", "plan TTFT mean / p90 s", "sim capacity req/s",
                      "sim TTFT mean / p90 s at the same rate", "dip TTFT mean / p90 s"]),
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for scenario, by_wire in data["scenarios"].items():
         systems = [k for k in by_wire["bf16"] if isinstance(by_wire["bf16"][k], dict)]
         for system in systems:
@@ -752,8 +753,11 @@ def wire_capacity(load: Loader) -> str:
                 r = row[system]
                 plan, fixed = r["plan_exact"], r["fixed_rate"]
                 dip = fixed.get("ttft_dip_s")
+                ratio = row.get("codec_ratio", 1.0)
+                label = f"{wire} ({ratio:.2f}x)" if row.get("codec", "none") != "none" else wire
                 lines.append(_cells([
-                    scenario, system, wire, f"{plan['lambda_max']:.2f}",
+                    scenario, system, label, row.get("auto_codec", ""),
+                    f"{plan['lambda_max']:.2f}",
                     f"{plan['egress_gbps']:.1f}" if plan["egress_gbps"] is not None else "",
                     f"{plan['ttft_mean_s']:.2f} / {plan['ttft_p90_s']:.2f}",
                     f"{r['sim_capacity_rps']:.2f}",

@@ -18,8 +18,12 @@ field and value. It is never mutated; planner, simulator and CLI read it. The sc
                                       decode: {hardware, instances}}}
     link: {gbps, intra_gbps, schedule, pipelined, connections, per_connection_gbps,
            rtt_ms, loss, mss_bytes,   (the TCP path terms: models/tcp.py)
-           wire_dtype}   (bf16 | fp8_e4m3: full-attention KV on the wire; default the cache
+           wire_dtype,   (bf16 | fp8_e4m3: full-attention KV on the wire; default the cache
                           dtype. The planner and simulator then move `wire_kv` bytes)
+           compression,  (none | lz4 | zstd | auto: a lossless codec on the wire, chosen as
+                          the live sender chooses, its ratio measured on real KV; default none)
+           codec_kv}     (whose measured codec figures: a KV of data/codec_speeds.json;
+                          default native_tiny, the KDA:MLA hybrid engine's KV)
     workload: {input: LENGTHS, output_tokens}
     planner: {t_step_tokens, mode}
     reference: paper figures to print beside ours (optional, free-form)
@@ -43,6 +47,8 @@ import yaml
 from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.core.files import read_text
 from prfaas.models.catalog import resolve_model
+from prfaas.models.compression import MODES as COMPRESSION_MODES
+from prfaas.models.compression import CodecSpeed, measured_speeds, planned_codec
 from prfaas.models.kv import geometry, wire_dtype_name
 from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
 from prfaas.models.profile_file import kv_from_profile, load_profile_file
@@ -52,6 +58,7 @@ from prfaas.models.tcp import DEFAULT_MSS_BYTES, TcpPath
 from prfaas.workload.lengths import LengthDistribution, from_config
 
 MIB = 1024**2
+DEFAULT_CODEC_KV = "native_tiny"  # KDA:MLA, the architecture of the catalog's Kimi-Linear
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,8 @@ class Scenario:
     model: ModelSpec | None = None
     tcp: TcpPath = field(default_factory=TcpPath)  # RTT/loss/connections of the link
     wire_dtype: str | None = None  # link.wire_dtype (None: KV travels in its cache dtype)
+    compression: str = "none"  # link.compression (models/compression.py)
+    codec_kv: str = DEFAULT_CODEC_KV  # link.codec_kv: whose measured codec figures
     reference: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     path: str = ""
@@ -95,9 +104,45 @@ class Scenario:
     whole_request_extra: Pool | None = None
 
     @property
+    def cache_dtype(self) -> str:
+        return self.model.dtype if self.model else "bf16"
+
+    @property
+    def codec_speeds(self) -> tuple[CodecSpeed, ...]:
+        """The codecs as measured on `codec_kv`'s KV in the dtype this link sends it in."""
+        if self.compression == "none":
+            return ()
+        return measured_speeds(self.codec_kv, self.wire_dtype or self.cache_dtype)
+
+    @property
+    def wire_codec(self) -> str:
+        """The codec the link's senders use: `compression`, with `auto` decided by the live
+        sender's rule (models/compression.py) on the link's rate and connections."""
+        return self._codec()[0]
+
+    def _codec(self) -> tuple[str, float]:
+        return planned_codec(self.compression, self.link_gbps, self.tcp.connections,
+                             self.codec_speeds)
+
+    @property
     def wire_kv(self) -> KVSize:
-        """S_kv(l) as it crosses a link: `kv` with the full-attention part in `wire_dtype`."""
-        return self.kv.on_wire(self.wire_dtype, self.model.dtype if self.model else "bf16")
+        """S_kv(l) as it crosses a link: `kv` with the full-attention part in `wire_dtype`,
+        then shrunk by the codec's measured ratio."""
+        codec, ratio = self._codec()
+        return self.kv.on_wire(self.wire_dtype, self.cache_dtype).compressed(ratio, codec)
+
+    @property
+    def flow_cap_gbps(self) -> float | None:
+        """What one transfer's connections carry in wire Gbps: the TCP path's bound and, with
+        a codec, each connection's compress / decompress rate (tensor Gbps, one thread each
+        side, as measured) over the ratio. None: unbounded."""
+        caps = [c for c in (self.tcp.transfer_cap_gbps(),) if c is not None]
+        codec = self.wire_codec
+        for speed in self.codec_speeds:
+            if speed.name == codec:
+                caps.append(self.tcp.connections * min(speed.compress_gbps,
+                                                       speed.decompress_gbps) / speed.ratio)
+        return min(caps) if caps else None
 
 
 @dataclass(frozen=True)
@@ -287,7 +332,8 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
                           "the PD cluster needs at least 2 instances (one prefill, one decode)")
     link = _mapping(raw.get("link"), "link")
     _check_keys(link, {"gbps", "intra_gbps", "schedule", "connections", "per_connection_gbps",
-                       "pipelined", "rtt_ms", "loss", "mss_bytes", "wire_dtype"}, "link")
+                       "pipelined", "rtt_ms", "loss", "mss_bytes", "wire_dtype",
+                       "compression", "codec_kv"}, "link")
     workload = _mapping(raw.get("workload"), "workload")
     _check_keys(workload, {"input", "output_tokens", "trace", "arrivals"}, "workload")
     planner = _mapping(raw.get("planner", {}), "planner")
@@ -295,7 +341,7 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
     mode = str(planner.get("mode", "paper"))
     if mode not in ("paper", "exact"):
         raise ConfigError("planner.mode", mode, "must be paper or exact")
-    return Scenario(
+    scenario = Scenario(
         name=str(raw.get("name", Path(path).stem)), description=str(raw.get("description", "")),
         kv=kv, hardware=hardware, prfaas=prfaas, pd=pd, homogeneous=homog,
         naive_prefill=naive_p, naive_decode=naive_d,
@@ -305,8 +351,19 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
         output_tokens=_count(workload, "output_tokens", "workload"),
         t_step_tokens=int(planner.get("t_step_tokens", 100)), mode=mode, model=model,
         tcp=_tcp(link), wire_dtype=wire_dtype_name(link.get("wire_dtype")),
+        compression=_compression(link), codec_kv=str(link.get("codec_kv", DEFAULT_CODEC_KV)),
         reference=dict(raw.get("reference") or {}), raw=raw, path=path,
     )
+    scenario.wire_kv  # noqa: B018 (a codec without measured figures fails the load, not a run)
+    return scenario
+
+
+def _compression(link: dict[str, Any]) -> str:
+    mode = str(link.get("compression", "none"))
+    if mode not in COMPRESSION_MODES:
+        raise ConfigError("link.compression", mode,
+                          f"must be one of {', '.join(COMPRESSION_MODES)}")
+    return mode
 
 
 def _tcp(link: dict[str, Any]) -> TcpPath:

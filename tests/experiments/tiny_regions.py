@@ -1,9 +1,11 @@
-"""A small two-region scenario for the live multi-cluster tests (seconds, not minutes)."""
+"""A small two-region scenario for the live multi-cluster tests (seconds, not minutes): the
+emulated tests' tiny scenario (its KV and hardware), with two PD clusters in place of one."""
 
 from pathlib import Path
 from typing import Any
 
 import yaml
+from tiny_scenario import tiny_scenario
 
 
 def tiny_regions() -> dict[str, Any]:
@@ -13,21 +15,13 @@ def tiny_regions() -> dict[str, Any]:
                                        "min_tokens": 256, "max_tokens": 8192},
                              "output_tokens": 16, "rate_rps": 1.0}}
 
+    base = tiny_scenario()
     return {
-        "name": "tiny-regions",
-        "kv": {"fit": "linear", "points": [{"length_tokens": 1000, "bytes": 2.0e6},
-                                           {"length_tokens": 10000, "bytes": 1.1e7}]},
-        "hardware": {
-            "fast": {"gpus_per_instance": 1, "prefill": {"fit": "quadratic", "points": [
-                {"length_tokens": 1000, "time_s": 0.2}, {"length_tokens": 4000, "time_s": 0.5},
-                {"length_tokens": 16000, "time_s": 2.0}]}},
-            "slow": {"gpus_per_instance": 1, "prefill": {"scale_of": "fast", "factor": 3.0},
-                     "decode": {"bs_max": 4, "step_s": 0.02}},
-        },
-        "clusters": {"prfaas": {"hardware": "fast", "instances": 1}},
+        "name": "tiny-regions", "kv": base["kv"], "hardware": base["hardware"],
+        "clusters": {"prfaas": base["clusters"]["prfaas"]},
         "baselines": {"whole_request_routing": {"hardware": "slow", "instances": 2}},
         "pd_clusters": [region("east", 10.0, 8.0), region("west", 5.0, 8.1)],
-        "planner": {"t_step_tokens": 100, "mode": "exact"},
+        "planner": base["planner"],
     }
 
 

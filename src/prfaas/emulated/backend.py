@@ -133,5 +133,8 @@ class EmulatedEngineBackend(EngineBackend):
     def plan_inputs(self) -> PlanInputs:
         return emulated_plan_inputs(self.topology)
 
+    def codec_kv(self) -> str | None:
+        return None  # synthetic KV bytes, no model's: nothing measured predicts their ratio
+
     def worker_engine(self, name: str) -> EmulatedEngine:
         return emulated_engine(self.topology.model, self.topology.worker(name).role)

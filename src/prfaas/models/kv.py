@@ -114,6 +114,15 @@ class KVGeometry:
         return replace(self, kv_bytes_per_token=self.full_elems_per_token * per_elem,
                        wire_dtype=name)
 
+    def scaled(self, factor: float) -> KVGeometry:
+        """Every byte size times `factor` (a lossless codec on the wire); element and vector
+        counts unchanged, so `on_wire` must come first."""
+        return replace(self, kv_bytes_per_token=self.kv_bytes_per_token * factor,
+                       linear_state_bytes=self.linear_state_bytes * factor,
+                       swa_bytes_per_token=self.swa_bytes_per_token * factor,
+                       swa_full_bytes=self.swa_full_bytes * factor,
+                       swa_groups=tuple((b * factor, w) for b, w in self.swa_groups))
+
     def swa_bytes(self, length_tokens: float) -> float:
         """SWA bytes held at `length_tokens`: each group keeps min(length, its window)."""
         return sum(per_tok * min(length_tokens, window) for per_tok, window in self.swa_groups)

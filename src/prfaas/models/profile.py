@@ -115,6 +115,19 @@ class KVSize:
         return KVSize(self.fixed_bytes, self.per_token_bytes * ratio, None,
                       f"{self.source}, {name} on the wire")
 
+    def compressed(self, ratio: float, codec: str) -> KVSize:
+        """S_kv(l) on a link whose lossless codec shrinks the KV `ratio`x (tensor / wire bytes,
+        measured on real KV: models/compression.py). One ratio for every byte, per-token and
+        fixed state alike: it was measured on the whole KV as shipped. Apply it last (after
+        `on_wire`): it scales bytes, not elements."""
+        if not ratio > 0:
+            raise ConfigError("link.compression ratio", ratio, "must be positive")
+        if ratio == 1.0:
+            return self
+        geo = None if self.geometry is None else self.geometry.scaled(1.0 / ratio)
+        return KVSize(self.fixed_bytes / ratio, self.per_token_bytes / ratio, geo,
+                      f"{self.source}, {codec} {ratio:g}x on the wire")
+
     def size_bytes(self, length_tokens: ArrayLike) -> FloatArray:
         x = np.asarray(length_tokens, dtype=float)
         if self.geometry is not None and self.geometry.swa_window_tokens:

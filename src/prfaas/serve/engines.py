@@ -87,6 +87,12 @@ class EngineBackend(ABC):
         taken as it when the link has a wire dtype (router/plan.py). prfaas' engine: fp32."""
         return "fp32"
 
+    def codec_kv(self) -> str | None:
+        """Whose measured codec figures (data/codec_speeds.json) predict its KV's compression
+        on a `link.compression` link before the workers report; None: none measured (the
+        router predicts uncompressed bytes until they do). prfaas' engine: native_tiny."""
+        return "native_tiny"
+
     def plan_inputs(self) -> PlanInputs | None:
         """A controlled router's planner inputs; None: from the topology's measured profile
         (router/plan.py)."""

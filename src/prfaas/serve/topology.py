@@ -20,8 +20,8 @@ import yaml
 
 from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_text
+from prfaas.models.compression import MODES as COMPRESSION_MODES
 from prfaas.models.kv import wire_dtype_name
-from prfaas.policy.compression import MODES as COMPRESSION_MODES
 from prfaas.security.spec import SecuritySpec, parse_security
 from prfaas.serve.engines import DEFAULT_ENGINE, backend_class, engine_names
 from prfaas.serve.resilience import (

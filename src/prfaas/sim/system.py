@@ -118,8 +118,8 @@ def build_system(s: Scenario, system: str, *, threshold_tokens: int | None = Non
     layers = s.model.num_layers if s.model is not None else DEFAULT_KV_LAYERS
     base: dict[str, Any] = dict(
         decode=decode_hw.require_decode(), kv=s.wire_kv, link=_schedule(link_raw, s.link_gbps),
-        cache_kv=s.kv if s.wire_dtype else None,
-        flow_cap_gbps=s.tcp.transfer_cap_gbps(), rtt_s=s.tcp.rtt_s, intra_gbps=s.intra_gbps,
+        cache_kv=s.kv if s.wire_kv is not s.kv else None,
+        flow_cap_gbps=s.flow_cap_gbps, rtt_s=s.tcp.rtt_s, intra_gbps=s.intra_gbps,
         pipelined=bool(link_raw.get("pipelined", True)), kv_layers=layers)
     pool = s.pd.instances if system == "prfaas_pd" else s.homogeneous.instances
     if n_p is not None and n_d is None:

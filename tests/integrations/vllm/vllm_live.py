@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from prfaas.integrations.vllm.model_builder import ensure_model
-from prfaas.integrations.vllm.reference import post_completion, reference_spec
-from prfaas.integrations.vllm.server import VllmInstance
+from prfaas.integrations.vllm.reference import deployment_with_reference, post_completion
 from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.topology import Topology, free_port, load_topology
 
@@ -55,30 +54,7 @@ def workdir(name: str) -> Iterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def deployment(topo: Topology, log_dir: Path, with_reference: bool = True
-               ) -> Iterator[tuple[Deployment, VllmInstance | None, Path]]:
-    """The topology's instances + router, and (started alongside) a standalone reference."""
-    trace_dir = log_dir / "traces"
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    ref: VllmInstance | None = None
-    if with_reference:
-        assert topo.vllm is not None
-        ref = VllmInstance(reference_spec(topo.vllm, free_port(), cores="1"),
-                           log_dir / "reference.log")
-        ref.spawn()
-    os.environ["PRFAAS_VLLM_TRACE_DIR"] = str(trace_dir)
-    dep = Deployment(topo, log_dir, start_timeout_s=900)
-    try:
-        dep.start()
-        if ref is not None:
-            ref.wait_ready(900)
-        yield dep, ref, trace_dir
-    finally:
-        os.environ.pop("PRFAAS_VLLM_TRACE_DIR", None)
-        dep.stop(timeout_s=30)
-        if ref is not None:
-            ref.stop()
+deployment = deployment_with_reference  # the instances + router, and a reference alongside
 
 
 class ExtraRouter:

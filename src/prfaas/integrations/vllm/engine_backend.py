@@ -46,6 +46,12 @@ class VllmEngineBackend(EngineBackend):
         # from the instances' arguments (no model files needed): bf16 on this CPU build
         return ServedModel.from_settings(settings(self.topology)).dtypes()[0]
 
+    def codec_kv(self) -> str | None:
+        # the tiny vLLM models measured in transport.json, by architecture: GDN + attention
+        # (qwen3_next) or attention only (llama)
+        linear = self._model()[1].linear_state_bytes > 0
+        return "vllm_tiny_qwen3_next" if linear else "vllm_tiny_llama"
+
     def tokenizer(self) -> Any:
         return self._model()[0].tokenizer()
 

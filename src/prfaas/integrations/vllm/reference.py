@@ -5,17 +5,50 @@ vllm` prints its answer; tests compare every routed answer with it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from prfaas.core.errors import PrfaasError
 from prfaas.integrations.vllm.server import VllmInstance, VllmSpec
-from prfaas.serve.topology import free_port
+from prfaas.serve.deploy.launcher import Deployment
+from prfaas.serve.topology import Topology, free_port
 from prfaas.serve.vllm_settings import VllmSettings
+
+
+@contextlib.contextmanager
+def deployment_with_reference(topo: Topology, log_dir: Path, with_reference: bool = True,
+                              start_timeout_s: float = 900.0
+                              ) -> Iterator[tuple[Deployment, VllmInstance | None, Path]]:
+    """The topology's instances + router, their connectors tracing into `log_dir/traces`
+    (PRFAAS_VLLM_TRACE_DIR while it runs), and, started alongside on one core, the standalone
+    reference on the same model; yields when all are ready, stops all on exit."""
+    trace_dir = log_dir / "traces"
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    ref: VllmInstance | None = None
+    if with_reference:
+        assert topo.vllm is not None
+        ref = VllmInstance(reference_spec(topo.vllm, free_port(), cores="1"),
+                           log_dir / "reference.log")
+        ref.spawn()
+    os.environ["PRFAAS_VLLM_TRACE_DIR"] = str(trace_dir)
+    dep = Deployment(topo, log_dir, start_timeout_s=start_timeout_s)
+    try:
+        dep.start()
+        if ref is not None:
+            ref.wait_ready(start_timeout_s)
+        yield dep, ref, trace_dir
+    finally:
+        os.environ.pop("PRFAAS_VLLM_TRACE_DIR", None)
+        dep.stop(timeout_s=30)
+        if ref is not None:
+            ref.stop()
 
 
 def reference_spec(s: VllmSettings, port: int, cores: str | None = None) -> VllmSpec:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from prfaas.core.errors import ConfigError
 from prfaas.security.certs import ROUTER
 from prfaas.security.tls import Identity
-from prfaas.serve.worker.tls_server import Refusals, accept_tls
+from prfaas.serve.worker.tls_server import Refusals, accept_tls, until_signalled
 
 HANDSHAKE_TIMEOUT_S = 10.0
 _PR_SET_PDEATHSIG = 1
@@ -126,11 +126,8 @@ async def serve(listener: socket.socket, context: ssl.SSLContext, upstream_path:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
         lambda: _Relay(context, refusals, upstream_path, accept_name), sock=listener)
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_signalled()
     finally:
         server.close()
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prfaas.core.errors import PrfaasError
@@ -222,24 +222,33 @@ class Deployment:
         self.supervisor.stop()
         self.procs.update(self.supervisor.procs())
         # router first, so no new work reaches the workers while they stop
-        order = sorted(self.procs, key=lambda n: n != "router")
-        for name in order:
-            if self.procs[name].poll() is None:
-                self.procs[name].send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for name in order:
-            proc = self.procs[name]
-            try:
-                proc.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        order = [self.procs[n] for n in sorted(self.procs, key=lambda n: n != "router")]
+        terminate(order)
+        reap(order, timeout_s)
         self.procs.clear()
         if self.netns is not None:
             self.netns.destroy()
             self.netns = None
         if self._own_log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+def terminate(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each process still running, in order."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+
+def reap(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    """Wait for every process within one `timeout_s` deadline; SIGKILL those still running."""
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def _probe_context(topology: Topology) -> ssl.SSLContext | None:

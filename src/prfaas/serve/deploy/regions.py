@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prfaas.core.errors import PrfaasError
-from prfaas.serve.deploy.launcher import Deployment, DeploymentError
+from prfaas.serve.deploy.launcher import Deployment, DeploymentError, reap, terminate
 from prfaas.serve.deploy.netns import NetnsLink, _run, _tbf
 from prfaas.serve.gateway import GatewayConfig
 from prfaas.serve.router.backends.native import TENANT_KEY_ENV
@@ -216,9 +215,7 @@ class RegionsDeployment:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Everything at once: the PrfaaS side and every region, each SIGTERM then SIGKILL
         after `timeout_s`."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        terminate(self.procs.values())
 
         def stop_region(dep: Deployment) -> None:
             try:
@@ -228,13 +225,7 @@ class RegionsDeployment:
 
         with ThreadPoolExecutor(max(len(self.deployments), 1)) as pool:
             list(pool.map(stop_region, self.deployments.values()))
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        reap(self.procs.values(), timeout_s)
         self.procs.clear()
         if self.links:
             first = self.links[self.regions[0].name]

@@ -11,7 +11,8 @@ c2 l^2 + c1 l + c0, times an EWMA of measured / predicted), else from the second
 computed token of the worker's last report (a prior until then), which misjudges long prompts
 under quadratic attention cost. KV transfer time comes from the model's KV geometry and the
 topology's link rate, times the fraction of its bytes that crossed the wire on that link so far
-(an EWMA of the prefill workers' reports; 1 until one reports, and always 1 without
+(an EWMA of the prefill workers' reports; until one reports, `wire_prior`: 1 / the codec's
+ratio measured on the engine's KV, router/plan.live_codec, and always 1 without
 `link.compression`). The link status is what the threshold controller and the
 cache-aware regime switch read: capacity = the topology's `link.rate_gbps` (the token bucket's
 rate) or what link telemetry last reported (`POST /link {capacity_gbps}` on the router),
@@ -62,8 +63,9 @@ class LiveCluster:
 
     def __init__(self, topology: Topology, geometry: KVGeometry,
                  models: dict[str, PrefillTime] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wire_prior: float = 1.0) -> None:
         self.topology = topology
+        self.wire_prior = wire_prior  # inter-DC wire / KV bytes until its workers report
         self.geometry = geometry
         self.loads = {w.name: _Load(w, model=(models or {}).get(w.name))
                       for w in topology.workers}
@@ -148,14 +150,19 @@ class LiveCluster:
         """A prefill shipped `kv_bytes` of KV as `wire_bytes` on its link (None: as is)."""
         wire = kv_bytes if wire_bytes is None else wire_bytes
         if kv_bytes > 0 and wire_bytes is not None:
-            old = self._wire_fraction.get(worker.cluster, 1.0)
+            old = self._wire_fraction.get(worker.cluster, self._prior(worker))
             self._wire_fraction[worker.cluster] = (1 - EWMA) * old + EWMA * wire / kv_bytes
         if worker.role == "prfaas":
             self.monitor.record_sent(wire)
 
     def wire_fraction(self, worker: WorkerSpec) -> float:
-        """Wire bytes per KV byte on `worker`'s link, as measured (1.0 until it reports)."""
-        return self._wire_fraction.get(worker.cluster, 1.0)
+        """Wire bytes per KV byte on `worker`'s link, as measured (the prior until it
+        reports)."""
+        return self._wire_fraction.get(worker.cluster, self._prior(worker))
+
+    def _prior(self, worker: WorkerSpec) -> float:
+        """`wire_prior` is the inter-DC link's; the intra link learns from 1."""
+        return self.wire_prior if worker.role == "prfaas" else 1.0
 
     def kv_expected_bytes(self, worker: WorkerSpec, shipped_tokens: int) -> int:
         """Predicted KV bytes a PrfaaS prefill will put on the link (0 for local prefill)."""

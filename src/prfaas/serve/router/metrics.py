@@ -30,6 +30,10 @@ class RouterMetrics:
                                      FAST_BUCKETS_S)
         self.requests = Counter("prfaas_requests_total", "Requests by route and outcome.")
         self.kv_bytes = Counter("prfaas_kv_bytes_total", "KV bytes shipped, by link.")
+        self.kv_wire_bytes = Counter("prfaas_kv_wire_bytes_total",
+                                     "KV bytes as they crossed the link (less where "
+                                     "link.compression compressed them; a worker that does not "
+                                     "report them: its KV bytes), by link.")
         self.kv_transfers = Counter("prfaas_kv_transfers_total",
                                     "Prompt KV transfers (one per prefill that shipped; an "
                                     "n > 1 request is one), by link.")
@@ -66,8 +70,8 @@ class RouterMetrics:
             refresh()
         parts: list[Histogram | Counter] = [
             self.ttft, self.tpot, self.e2e, self.router_time, self.requests, self.kv_bytes,
-            self.kv_transfers,
-            self.cached_tokens, self.retries, self.errors, self.threshold, self.inflight,
+            self.kv_wire_bytes, self.kv_transfers, self.cached_tokens, self.retries,
+            self.errors, self.threshold, self.inflight,
             self.link_egress, self.link_pending, self.resumes, self.worker_up, self.restarts,
             self.degraded, self.active, self.cache_events]
         return "\n".join(line for p in parts for line in p.render()) + "\n"

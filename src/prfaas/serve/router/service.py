@@ -33,7 +33,7 @@ from prfaas.serve.router.dispatch import Dispatcher, Outcome
 from prfaas.serve.router.membership import Membership
 from prfaas.serve.router.metrics import RouterMetrics
 from prfaas.serve.router.openai_api import ApiError, GenRequest, load_json, parse
-from prfaas.serve.router.plan import live_plan_inputs
+from prfaas.serve.router.plan import live_codec, live_plan_inputs
 from prfaas.serve.router.respond import Reply, feed, prompt_logprobs
 from prfaas.serve.topology import Topology
 
@@ -64,9 +64,11 @@ class RouterService:
         self.manager = GlobalKVCacheManager(self.config.block_size_tokens)
         for w in topology.workers:
             self.manager.add_instance(w.name, w.cluster)
-        # transfer predictions count what crosses the inter-DC link (its wire dtype)
+        # transfer predictions count what crosses the inter-DC link (its wire dtype, and its
+        # codec's measured ratio until the workers report theirs)
         self.cluster = LiveCluster(topology, self.config.kv.on_wire(topology.link.wire_dtype),
-                                   engine.prefill_models())
+                                   engine.prefill_models(),
+                                   wire_prior=1.0 / live_codec(topology, engine)[1])
         self.metrics = RouterMetrics()
         # the instances' own cache events, when the engine publishes them (vLLM kv_events)
         self.cache_events = engine.cache_events(self.manager)
@@ -277,6 +279,8 @@ class RouterService:
             return
         link = "inter_dc" if out.route == "prfaas" else "intra"
         m.kv_bytes.inc(out.kv_bytes, link=link)
+        wire = out.kv_wire_bytes
+        m.kv_wire_bytes.inc(out.kv_bytes if wire is None else wire, link=link)
         m.kv_transfers.inc(out.transfers, link=link)
         m.cached_tokens.inc(out.cached_tokens)
         if first_s is not None:

@@ -98,6 +98,15 @@ async def accept_tls(transport: asyncio.Transport, protocol: asyncio.Protocol,
     return tls
 
 
+async def until_signalled() -> None:
+    """Return on SIGINT or SIGTERM (handled by the running loop): a TLS server's life."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
 async def serve_tls(app: web.Application, host: str, port: int, context: ssl.SSLContext,
                     refusals: Refusals, accept_name: Callable[[str | None], bool] | None = None,
                     handshake_timeout_s: float = 10.0) -> None:
@@ -109,11 +118,8 @@ async def serve_tls(app: web.Application, host: str, port: int, context: ssl.SSL
     listener = await loop.create_server(
         lambda: _TlsGate(server, context, refusals, accept_name, handshake_timeout_s),
         host, port, reuse_address=True)
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_signalled()
     finally:
         listener.close()
         with contextlib.suppress(Exception):

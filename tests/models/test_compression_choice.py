@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prfaas.core.errors import ConfigError
-from prfaas.policy.compression import CodecSpeed, choose_compression
+from prfaas.models.compression import CodecSpeed, choose_compression
 
 LZ4 = CodecSpeed("lz4", ratio=1.1, compress_gbps=8.0, decompress_gbps=24.0)
 ZSTD = CodecSpeed("zstd", ratio=1.4, compress_gbps=2.0, decompress_gbps=6.0)
