@@ -187,6 +187,17 @@ def wait_back(dep: Deployment, router_url: str, name: str, old_pid: int,
         time.sleep(0.5)
 
 
+def event_counts(url: str, worker: str) -> dict[str, float]:
+    """A router's `prfaas_cache_events_total` for one worker, by kind (stored_blocks, ...)."""
+    import re
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    pat = re.compile(r'^prfaas_cache_events_total\{kind="(\w+)",worker="' + re.escape(worker)
+                     + r'"\} (\S+)$', re.M)
+    return {kind: float(v) for kind, v in pat.findall(text)}
+
+
 def pd_request(dep: Deployment, prompt: list[int], max_tokens: int, transfer_id: int,
                recv: dict[str, Any] | None = None, prefill: str = "prfaas-0",
                send: dict[str, Any] | None = None, **sampling: Any) -> dict[str, Any]:
@@ -245,3 +256,4 @@ def kill_procs(victims: list[Any]) -> None:
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and all its descendants at once (a crashed vLLM instance)."""
     kill_procs(process_tree(pid))
+
