@@ -276,6 +276,7 @@ def test_prefill_instance_killed_mid_transfer_is_retried_locally(live: dict) -> 
     assert Path(dep.log_dir / "pdd-0.log").exists()
 
 
+@pytest.mark.timeout(900)  # two vLLM restarts awaited (38-112 s each here, minutes loaded)
 def test_decoder_killed_mid_stream_is_resumed_after_its_restart(live: dict) -> None:
     """The only decode instance is SIGKILLed once the client holds the first streamed token
     (once prfaas-0, killed by the test before, is back: two vLLM instances starting at once on
