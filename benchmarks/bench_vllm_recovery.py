@@ -623,7 +623,8 @@ def _ref_gaps(ref: VllmInstance, prompt: list[int], n: int) -> tuple[list[int], 
 
 def _partings(path: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The pressure phase's partings in run `path` (the same prompts: lengths checked), with
-    the reference's top-2 gap there and that gap's rank among every output position here."""
+    the reference's top-2 gap there and how many of every output position here have a gap
+    that small or smaller (a gap of 0: the two logits are the same bf16 number)."""
     pressure = json.loads(path.read_text())["pressure"]
     if pressure["prompt_tokens"] != [r["prompt_tokens"] for r in rows]:
         raise ValueError(f"{path}: pressure prompts {pressure['prompt_tokens']} are not "
@@ -634,7 +635,7 @@ def _partings(path: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
         if at is not None:
             gap = rows[i]["reference_top2_gap_nats"][at]
             partings.append({"request": i, "at": at, "reference_top2_gap_nats": gap,
-                             "positions_with_a_smaller_gap": sum(g < gap for g in every)})
+                             "positions_with_a_gap_at_most_this": sum(g <= gap for g in every)})
     return {"run": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
             "positions": len(every), "median_gap_nats": every[len(every) // 2],
             "partings": partings}
