@@ -30,6 +30,11 @@ pressure phase needs it); 0 keeps the topology's 1 GiB.
    route: how often the P/D path's long greedy output parts from the single instance's with
    nothing else going on. Wherever an output parts from the reference, the reference's own
    top-2 logprob gap at that position is recorded (a near-tie, or a confident token).
+
+`--only sequential` runs phase 4 alone (no CLI reference, no pressure, no kills), first after
+the deployment: its prompts are then drawn from the seed exactly as the pressure phase's are,
+so with `--sequential 8` they are the very prompts of a full run's pressure phase (the same
+lengths, checked by `prompt_tokens` in the JSON), each sent alone.
 """
 
 from __future__ import annotations
@@ -213,8 +218,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="prompts like the pressure ones, one at a time, after the kills")
     ap.add_argument("--decoder-blocks", type=int, default=0,
                     help="pdd-0's KV cache in blocks of 128 tokens (0: the topology's 1 GiB)")
+    ap.add_argument("--only", choices=["sequential"], default=None,
+                    help="run only that phase (sequential: the pressure phase's prompts alone)")
+    ap.add_argument("--partings-from", type=Path, default=None,
+                    help="a full run's JSON (same seed): the reference's top-2 logprob gap at "
+                         "its pressure phase's partings, from the sequential phase")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
+    if args.only == "sequential" and not args.sequential:
+        ap.error("--only sequential needs --sequential N > 0")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     rng = random.Random(20)
     with tempfile.TemporaryDirectory(prefix="prfaas-vllm-recovery-") as tmp:
@@ -227,16 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "path_wait_s": topo.health.path_wait_s,
                                   "uptime_before": _uptime(),
                                   "started_unix_s": time.time()}
-        # the CLI reference first, alone on the host
-        t0 = time.monotonic()
-        cli = subprocess.run([sys.executable, "-m", "prfaas", "generate", "--engine", "vllm",
-                              "--model", str(model), "--prompt", LONG_TEXT, "--max-tokens",
-                              str(args.max_tokens), "--json"], capture_output=True, text=True,
-                             cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=1200)
-        assert cli.returncode == 0, cli.stderr[-2000:]
-        cli_ids = json.loads(cli.stdout.strip().splitlines()[-1])["token_ids"]
-        result["cli_generate_s"] = round(time.monotonic() - t0, 1)
+        result["only"] = args.only
+        cli_ids = [] if args.only else _cli_reference(model, args.max_tokens, result)
 
         log_dir = root / "logs"
         t0 = time.monotonic()
@@ -266,9 +270,25 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: s.get(k) for k in ("requests", "lost", "outputs_equal", "retried",
                                             "resumed_requests", "restarts")}, indent=1))
     print(json.dumps(result.get("pressure"), indent=1))
+    seq = result.get("sequential") or {}
+    print(json.dumps({k: seq.get(k) for k in ("requests", "prompt_tokens", "outputs_equal",
+                                              "first_divergence")}))
     print(result.get("error", ""))
     print(f"wrote {args.out}")
     return 1 if "error" in result else 0
+
+
+def _cli_reference(model: Path, max_tokens: int, result: dict[str, Any]) -> list[int]:
+    """`prfaas generate --engine vllm` on the long text prompt, alone on the host."""
+    t0 = time.monotonic()
+    cli = subprocess.run([sys.executable, "-m", "prfaas", "generate", "--engine", "vllm",
+                          "--model", str(model), "--prompt", LONG_TEXT, "--max-tokens",
+                          str(max_tokens), "--json"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=1200)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    ids: list[int] = json.loads(cli.stdout.strip().splitlines()[-1])["token_ids"]
+    result["cli_generate_s"] = round(time.monotonic() - t0, 1)
+    return ids
 
 
 def _ref(ref: VllmInstance, prompt: list[int] | str, n: int) -> list[int]:
@@ -418,6 +438,8 @@ def _run(args: argparse.Namespace, rng: random.Random, dep: Deployment, ref: Vll
     n = args.max_tokens
     url = dep.url
     out: dict[str, Any] = {}
+    if args.only == "sequential":
+        return {"sequential": _sequential(args, rng, dep, ref)}
     ref_long_text = _ref(ref, LONG_TEXT, n)
     out["cli_reference_equal"] = ref_long_text == cli_ids  # the instance is the CLI's engine
     if args.pressure:
@@ -550,22 +572,62 @@ def _sequential(args: argparse.Namespace, rng: random.Random, dep: Deployment,
     """The pressure phase's kind of prompt and output length, one request at a time (no
     kill, no preemption, no KV held, nothing else in the decoder's batch): how often the P/D
     path's greedy output parts from the single instance's over `--pressure-tokens` tokens,
-    and the reference's top-2 logprob gap where it does."""
+    and the reference's top-2 logprob gap where it does. The reference's own top-2 gap is
+    kept at every output position (vLLM's logprobs of its bf16 logits: the gap in logprob is
+    the gap in logit), so a parting seen elsewhere on the same prompts (`--partings-from`, a
+    full run's JSON with the same seed) can be looked up: a near-tie or a confident token."""
     n = args.pressure_tokens
     prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(1100, 1260))]
                for _ in range(args.sequential)]
     rows = []
     for p in prompts:
-        want = _ref(ref, p, n)
+        want, gaps = _ref_gaps(ref, p, n)
         r = _routed(dep.url, p, n)
         got = r["prfaas"].get("token_ids")
         at = _diverge(got, want)
         rows.append({"prompt_tokens": len(p), "status": r["status"],
                      "route": r["prfaas"].get("route"), "retried": r["prfaas"].get("retried"),
                      "equal": got == want, "first_divergence": at,
-                     "reference_at_divergence": _margin(ref, p, want, got, at)})
-    return {"requests": len(rows), "output_tokens": n,
-            "outputs_equal": sum(r["equal"] for r in rows), "rows": rows}
+                     "reference_at_divergence": _margin(ref, p, want, got, at),
+                     "reference_top2_gap_nats": gaps})
+    out = {"requests": len(rows), "output_tokens": n,
+           "prompt_tokens": [len(p) for p in prompts],
+           "outputs_equal": sum(r["equal"] for r in rows),
+           "first_divergence": [r["first_divergence"] for r in rows], "rows": rows}
+    if args.partings_from:
+        out["partings_elsewhere"] = _partings(args.partings_from, rows)
+    return out
+
+
+def _ref_gaps(ref: VllmInstance, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """The reference's greedy tokens and, at each, its top-2 logprob gap (nats)."""
+    choice = complete(ref.spec.url, SERVED, prompt, n, logprobs=2,
+                      return_tokens_as_token_ids=True)
+    gaps = []
+    for top in choice["logprobs"]["top_logprobs"]:  # "token_id:N" -> logprob
+        first, second = sorted(top.values(), reverse=True)[:2]
+        gaps.append(round(first - second, 6))
+    return choice["token_ids"], gaps
+
+
+def _partings(path: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pressure phase's partings in run `path` (the same prompts: lengths checked), with
+    the reference's top-2 gap there and how many of every output position here have a gap
+    that small or smaller (a gap of 0: the two logits are the same bf16 number)."""
+    pressure = json.loads(path.read_text())["pressure"]
+    if pressure["prompt_tokens"] != [r["prompt_tokens"] for r in rows]:
+        raise ValueError(f"{path}: pressure prompts {pressure['prompt_tokens']} are not "
+                         f"these {[r['prompt_tokens'] for r in rows]} (seed or count differ)")
+    every = sorted(g for r in rows for g in r["reference_top2_gap_nats"])
+    partings = []
+    for i, at in enumerate(pressure["first_divergence"]):
+        if at is not None:
+            gap = rows[i]["reference_top2_gap_nats"][at]
+            partings.append({"request": i, "at": at, "reference_top2_gap_nats": gap,
+                             "positions_with_a_gap_at_most_this": sum(g <= gap for g in every)})
+    return {"run": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+            "positions": len(every), "median_gap_nats": every[len(every) // 2],
+            "partings": partings}
 
 
 if __name__ == "__main__":

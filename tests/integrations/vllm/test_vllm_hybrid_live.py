@@ -14,13 +14,19 @@ Negative controls: the same comparison with a zeroed GDN recurrent state, anothe
 conv state, or KV blocks shifted by one (injected at the receiver, params.FAULTS) must fail it.
 The conv-state layout is vLLM's choice for this CPU (SD on AVX-512-BF16); run the module with
 VLLM_SSM_CONV_STATE_LAYOUT=DS in the environment for the other one.
+
+The deployment publishes vLLM's KV cache events (`vllm.kv_events` on in this module's copy of
+the topology; pdp-0's cache cut to 64 blocks): the router's count of a hybrid prefix on pdp-0
+is held against vLLM's own `cached_tokens`, before and after vLLM evicts it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,8 +38,11 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
 
 from vllm_live import (  # noqa: E402
     ROOT,
+    EventTap,
+    ExtraRouter,
     build,
     deployment,
+    event_counts,
     post,
     prompts,
     routed,
@@ -66,10 +75,23 @@ def live() -> Iterator[dict[str, Any]]:
         yield from _live(root)
 
 
+PDP_BLOCKS = 64  # pdp-0's KV cache (--num-gpu-blocks-override): its evictions are shown
+
+
 def _live(root: Path) -> Iterator[dict[str, Any]]:
+    """vllm-local.yaml's deployment with the instances' KV events on (the router's prefix
+    state comes from them) and pdp-0's cache cut to PDP_BLOCKS blocks of 256 tokens."""
     model = build("qwen3_next", root)
-    with deployment(topology("vllm-local.yaml", model), root / "logs") as (dep, ref, traces):
-        yield {"dep": dep, "ref": ref, "traces": traces, "single": {}, "errors": {}}
+    topo = topology("vllm-local.yaml", model)
+    assert topo.vllm is not None
+    topo = dataclasses.replace(
+        topo, vllm=dataclasses.replace(topo.vllm, kv_events=True), workers=tuple(
+            dataclasses.replace(w, vllm_args=(*w.vllm_args, "--num-gpu-blocks-override",
+                                              str(PDP_BLOCKS))) if w.name == "pdp-0" else w
+            for w in topo.workers))
+    with deployment(topo, root / "logs") as (dep, ref, traces):
+        yield {"dep": dep, "ref": ref, "traces": traces, "single": {}, "errors": {},
+               "logs": root / "logs"}
 
 
 def _choice(reply: dict[str, Any]) -> tuple[list[int], list[float], list[dict[str, float]]]:
@@ -328,3 +350,105 @@ def test_hybrid_long_prompt_goes_through_the_router_on_prfaas(live: dict) -> Non
     print(f"\nkv_bytes {p['kv_bytes']} (router reply) vs {received} received")
     assert p["kv_bytes"] == received > 0
     print(f"\nerrors (max |dlogprob|): {live['errors']}")
+
+
+def _aligned_only(index: Any, events: list[Any]) -> None:
+    """The mapping before hybrid events were placed (negative control): a state group's event
+    whose hashes do not line up with its tokens (align mode) refused whole, so the instance
+    looks dense and each attention block counts as its own state."""
+    from prfaas.cache.block_events import BlockStored
+
+    index.apply_batch([e for e in events if not isinstance(e, BlockStored)
+                       or len(e.token_ids) == len(e.block_hashes) * e.block_size_tokens])
+
+
+TAP_MAPPINGS = {"router": lambda index, events: index.apply_batch(events),
+                "aligned_only": _aligned_only}
+EVENT_KINDS = ("stored_blocks", "removed_blocks", "unplaced_blocks")
+
+
+def _settle(url: str, tap: EventTap, start: dict[str, float]) -> None:
+    """Until the router has applied every event the tap saw (its counters since `start` equal
+    the tap's own index's, the tap quiet for 1 s): readiness, not a sleep."""
+    deadline = time.monotonic() + 120
+    while True:
+        mine = tap.stats("router")
+        got = event_counts(url, "pdp-0")
+        if tap.quiet(1.0) and all(got.get(k, 0.0) - start.get(k, 0.0) == mine[k]
+                                  for k in EVENT_KINDS):
+            return
+        assert time.monotonic() < deadline, (mine, got, start)
+        time.sleep(0.2)
+
+
+def test_hybrid_prefix_state_follows_vllm_kv_events_including_evictions(live: dict) -> None:
+    """The main router (prfaas-threshold, t = 1024) knows pdp-0's cache only from vLLM's KV
+    events. On this model vLLM keeps no GDN state on a prompt's first pass (align mode), keeps
+    the state at block 7 (1,792 tokens) on the second, and can resume only there. The router's
+    count must be vLLM's own `cached_tokens` at each step: 0 after the first pass, 1,792
+    after the second (routed to pdp-0 by it: 2000 - 1792 <= t), 0 once fillers evicted A.
+    Negative controls: the same live events through the old mapping (a second subscriber,
+    EventTap) count 1,792 after the first pass; a router with events off (it infers pdp-0's
+    cache from the requests it sent) counts 1,792 where vLLM computes the prompt again, after
+    the first pass and after the eviction."""
+    dep = live["dep"]
+    main, topo = dep.url, dep.topology
+    pdp = topo.worker("pdp-0")
+    assert topo.vllm is not None
+    control = ExtraRouter(dep, live["logs"], "no-events", policy="all-pd", policy_args={},
+                          vllm=dataclasses.replace(topo.vllm, kv_events=False))
+    tap = EventTap(f"tcp://{pdp.host}:{pdp.events_port}", "pdp-0",
+                   topo.vllm.block_size_tokens, TAP_MAPPINGS)
+    try:
+        time.sleep(1.0)  # PUB/SUB: the tap's subscription reaches vLLM (loopback: ms)
+        start = event_counts(main, "pdp-0")
+        [a] = prompts([2000], seed=81)  # 7 full blocks of 256: 1,792 tokens
+        fillers = prompts([3000] * 6, seed=82)  # >= 6 x 12 new blocks > pdp-0's 64: LRU
+        first = routed(control.url, a, 4)["prfaas"]  # computed on pdp-0, not via `main`
+        assert first["prefill_node"] == "pdp-0" and first["cached_tokens"] == 0, first
+        _settle(main, tap, start)
+        counts = {name: [tap.counted(name, a)] for name in TAP_MAPPINGS}
+
+        # 1. after the first pass vLLM holds A's blocks but no state: nothing to resume
+        not_yet = routed(main, a, 4)["prfaas"]
+        assert "pdp-0" not in not_yet["router_cached_tokens"], not_yet
+        assert not_yet["route"] == "prfaas", not_yet  # 2000 > t
+        second = routed(control.url, a, 4)["prfaas"]  # the inference's count vs vLLM's
+        assert second["router_cached_tokens"].get("pdp-0") == 1792, second
+        assert second["prefill_node"] == "pdp-0" and second["cached_tokens"] == 0, second
+        _settle(main, tap, start)
+        for name in TAP_MAPPINGS:
+            counts[name].append(tap.counted(name, a))
+
+        # 2. after the second pass: routed by its cached tokens as vLLM's events report them
+        hit = routed(main, a, 4)["prfaas"]
+        assert hit["route"] == "pd" and hit["prefill_node"] == "pdp-0", hit
+        assert hit["router_cached_tokens"].get("pdp-0") == hit["cached_tokens"] == 1792, hit
+
+        # 3. fillers on pdp-0 evict A (vLLM's BlockRemoved): the router stops counting it
+        for prompt in fillers:
+            assert routed(control.url, prompt, 4)["prfaas"]["prefill_node"] == "pdp-0"
+        _settle(main, tap, start)
+        for name in TAP_MAPPINGS:
+            counts[name].append(tap.counted(name, a))
+        after = event_counts(main, "pdp-0")
+        assert after.get("resets", 0.0) == start.get("resets", 0.0), after  # not a reset
+        assert after.get("removed_blocks", 0.0) > start.get("removed_blocks", 0.0), after
+        miss = routed(main, a, 4)["prfaas"]
+        assert "pdp-0" not in miss["router_cached_tokens"], miss
+        assert miss["route"] == "prfaas", miss
+        stale = routed(control.url, a, 4)["prfaas"]  # vLLM's word: A is gone from pdp-0
+        assert stale["prefill_node"] == "pdp-0" and stale["cached_tokens"] == 0, stale
+        assert stale["router_cached_tokens"].get("pdp-0") == 1792, stale  # over-counted
+
+        vllm_said = [second["cached_tokens"], hit["cached_tokens"], stale["cached_tokens"]]
+        print(f"\nA on pdp-0 after pass 1 / pass 2 / the fillers: vLLM cached {vllm_said}; "
+              f"tap counts {counts}; router replies {not_yet['router_cached_tokens']} -> "
+              f"{not_yet['route']}, {hit['router_cached_tokens']} -> {hit['route']}, "
+              f"{miss['router_cached_tokens']} -> {miss['route']}; pdp-0 events {after} "
+              f"(start {start}); events-off router counted 1792 twice")
+        assert counts["router"] == vllm_said, counts  # the tap agrees with the router
+        assert counts["aligned_only"][0] == 1792 != vllm_said[0], counts
+    finally:
+        tap.close()
+        control.stop()

@@ -163,6 +163,17 @@ def wait_back(dep: Deployment, router_url: str, name: str, old_pid: int,
         time.sleep(0.5)
 
 
+def event_counts(url: str, worker: str) -> dict[str, float]:
+    """A router's `prfaas_cache_events_total` for one worker, by kind (stored_blocks, ...)."""
+    import re
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    pat = re.compile(r'^prfaas_cache_events_total\{kind="(\w+)",worker="' + re.escape(worker)
+                     + r'"\} (\S+)$', re.M)
+    return {kind: float(v) for kind, v in pat.findall(text)}
+
+
 def pd_request(dep: Deployment, prompt: list[int], max_tokens: int, transfer_id: int,
                recv: dict[str, Any] | None = None, prefill: str = "prfaas-0",
                send: dict[str, Any] | None = None, **sampling: Any) -> dict[str, Any]:
@@ -221,3 +232,74 @@ def kill_procs(victims: list[Any]) -> None:
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and all its descendants at once (a crashed vLLM instance)."""
     kill_procs(process_tree(pid))
+
+
+class EventTap:
+    """A second subscriber to one instance's KV events (vLLM's PUB socket serves any number),
+    beside the router's: each batch goes into one GlobalKVCacheManager per mapping in
+    `mappings` (name -> fn(index, events)), so that the router's count can be held against
+    other translations of the very same events (the negative controls). `counted(name,
+    prompt)` is the tokens of `prompt` that mapping counts on the instance."""
+
+    def __init__(self, endpoint: str, topic: str, block_size_tokens: int,
+                 mappings: dict[str, Any]) -> None:
+        import threading
+
+        import zmq
+
+        from prfaas.cache import GlobalKVCacheManager
+        from prfaas.cache.block_events import EngineBlockIndex
+
+        self.topic, self.bs = topic, block_size_tokens
+        self.mappings = mappings
+        self.managers = {name: GlobalKVCacheManager(block_size_tokens) for name in mappings}
+        for m in self.managers.values():
+            m.add_instance(topic, "pd")
+        self.indexes = {name: EngineBlockIndex(topic, m, block_size_tokens)
+                        for name, m in self.managers.items()}
+        self.batches = 0
+        self.last_batch_s = time.monotonic()
+        self.lock = threading.Lock()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self._sock.connect(endpoint)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from prfaas.integrations.vllm.kv_events import parse_batch
+
+        while not self._stop.is_set():
+            if not self._sock.poll(100):
+                continue
+            frames = self._sock.recv_multipart()
+            events = parse_batch(frames[2])
+            with self.lock:
+                for name, apply in self.mappings.items():
+                    apply(self.indexes[name], events)
+                self.batches += 1
+                self.last_batch_s = time.monotonic()
+
+    def counted(self, name: str, prompt: list[int]) -> int:
+        from prfaas.cache import chain_hashes
+
+        with self.lock:
+            match = self.managers[name].match(chain_hashes(prompt, self.bs), exact=True)
+            return int(match.cached_tokens(self.topic))
+
+    def stats(self, name: str) -> dict[str, int]:
+        with self.lock:
+            return dataclasses.asdict(self.indexes[name].stats)
+
+    def quiet(self, for_s: float) -> bool:
+        with self.lock:
+            return time.monotonic() - self.last_batch_s >= for_s
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close(0)
+        self._ctx.term()
