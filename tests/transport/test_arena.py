@@ -14,6 +14,7 @@ import torch
 from prfaas.core.errors import ConfigError
 from prfaas.transport import ChecksumMismatch, KVReceiver, KVSender, ReceiverConfig, SenderConfig
 from prfaas.transport.arena import ReceiveArena
+from prfaas.transport.errors import TransferTimeout
 from prfaas.transport.wire import DType, EndInfo, Kind, data_header, end_frame
 
 MIB = 2**20
@@ -134,3 +135,33 @@ def test_frames_back_to_back_are_checked_by_the_payload_thread(corrupt: bool) ->
     # the path must have been taken in one of a few tries
     by_thread = [asyncio.run(asyncio.wait_for(body(), 30)) for _ in range(1 if corrupt else 5)]
     assert corrupt or max(by_thread) > 0
+
+
+def test_payload_thread_waits_for_the_next_header_while_a_request_is_open() -> None:
+    """Frames written one at a time with a pause between (the next header is not there when a
+    payload ends): the payload thread still waits for it and receives all the follow-on frames
+    itself (7 of 8; the first is dispatched by the loop), deterministically; then a sender that
+    stalls mid-request fails it within `frame_timeout_s`, from that thread's wait."""
+    payload = np.random.default_rng(4).integers(0, 256, MIB, dtype=np.uint8).tobytes()
+    frame = 116 + 128 * 1024
+    wire = _frames(6, payload, 128 * 1024)
+
+    async def body() -> None:
+        async with KVReceiver(ReceiverConfig(arena_bytes=4 * MIB, frame_timeout_s=1.0)) as rx:
+            waiter = asyncio.create_task(rx.wait_request(6, timeout_s=10))
+            _reader, writer = await asyncio.open_connection("127.0.0.1", rx.port)
+            for i in range(8):
+                writer.write(wire[i * frame : (i + 1) * frame])
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            writer.write(wire[8 * frame :])  # END
+            kv = await waiter
+            assert kv.layers[0]["kv"].tobytes() == payload
+            assert rx.stats.thread_frames == 7
+            stalled = asyncio.create_task(rx.wait_request(7, timeout_s=10))
+            writer.write(_frames(7, payload, 128 * 1024)[: 2 * frame])  # two frames, no END
+            with pytest.raises(TransferTimeout, match="timed out"):
+                await stalled
+            writer.close()
+
+    asyncio.run(asyncio.wait_for(body(), 30))

@@ -7,10 +7,14 @@ failures (no certificate, one from another CA, a name the caller refuses) raise
 `TlsRefused` naming the peer. The transport never builds contexts: callers pass them in
 (prfaas.security.tls builds them from a topology's certificates).
 
-Big frames move through the `*_sync` methods, called from a worker thread while the loop leaves
-the socket alone: a loop wake-up per 64 KiB segment cost more CPU than the copy itself, and
-CPython releases the GIL in recv/send and in OpenSSL, so N connections use N cores. They wait
-with poll() in short slices, so a deadline or a `close()` from the loop ends them promptly.
+Big frames move through the `*_sync` methods, called from a worker thread inside `thread_io()`
+while the loop leaves the socket alone: a loop wake-up per 64 KiB segment cost more CPU than the
+copy itself, and CPython releases the GIL in recv/send and in OpenSSL, so N connections use N
+cores. Inside `thread_io()` the socket blocks in the kernel, in slices of `_SLICE_S` (plaintext:
+SO_RCVTIMEO/SO_SNDTIMEO; TLS: the socket's timeout, so OpenSSL's retries stay in C), so a
+deadline or a `close()` from the loop ends a call promptly. Issue 23's profile: waiting with
+non-blocking calls, a Python exception and a fresh poll() per wake-up, cost the receiver about
+as much CPU as the kernel's copy; a plaintext payload is now one recv(MSG_WAITALL).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import contextlib
 import select
 import socket
 import ssl
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prfaas.core.errors import TransportError
@@ -43,6 +48,10 @@ class Channel:
         self.sock = sock
         self.closed = False
         self.peer_name: str | None = None  # the certificate's name on a TLS channel
+        # Only blocking calls (inside `thread_io`) see these: a slice, then the caller's checks.
+        timeo = struct.pack("ll", int(_SLICE_S), int(_SLICE_S % 1 * 1e6))
+        for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            sock.setsockopt(socket.SOL_SOCKET, opt, timeo)
 
     async def recv_into(self, view: memoryview) -> int:
         """Some bytes into `view` (at most len(view)); 0 at EOF."""
@@ -68,14 +77,32 @@ class Channel:
 
     # --- worker-thread side: blocking with a deadline, the loop does not touch the socket ---
 
+    @contextlib.contextmanager
+    def thread_io(self) -> Iterator[None]:
+        """Around a worker thread's `*_sync` calls: the socket blocks (in slices) meanwhile."""
+        self.sock.setblocking(True)
+        try:
+            yield
+        finally:
+            if not self.closed:
+                with contextlib.suppress(OSError):
+                    self.sock.setblocking(False)
+
     def recv_exactly_sync(self, view: memoryview, timeout_s: float) -> int:
-        """Fill `view`; returns the bytes read, fewer only at EOF. Raises TimeoutError."""
+        """Fill `view`; returns the bytes read, fewer only at EOF. Raises TimeoutError.
+        One recv(MSG_WAITALL) per slice: the kernel fills the whole view before it returns."""
         deadline, got = time.monotonic() + timeout_s, 0
         while got < len(view):
-            n = self._recv_some_sync(view[got:], deadline)
+            self._check_open()
+            try:
+                n = self.sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
+            except (BlockingIOError, InterruptedError):  # a slice passed with nothing
+                n = -1
             if n == 0:
                 break
-            got += n
+            got += max(n, 0)
+            if got < len(view) and time.monotonic() > deadline:
+                raise TimeoutError("socket I/O timed out")
         return got
 
     def send_parts_sync(self, parts: list[bytes | memoryview], timeout_s: float) -> None:
@@ -83,39 +110,29 @@ class Channel:
         deadline = time.monotonic() + timeout_s
         views = [memoryview(p).cast("B") for p in parts if len(p)]
         while views:
+            self._check_open()
             try:
                 sent = self.sock.sendmsg(views[:_IOV_MAX])
-            except (BlockingIOError, InterruptedError):
-                self._wait(select.POLLOUT, deadline)
-                continue
+            except (BlockingIOError, InterruptedError):  # a slice passed with nothing sent
+                sent = 0
             while views and sent >= len(views[0]):
                 sent -= len(views[0])
                 views.pop(0)
             if views:
                 views[0] = views[0][sent:]
+                if time.monotonic() > deadline:
+                    raise TimeoutError("socket I/O timed out")
 
     def try_recv_sync(self, view: memoryview) -> int:
         """What is already there, without waiting (0 when nothing or at EOF)."""
         try:
-            return self.sock.recv_into(view)
+            return self.sock.recv_into(view, 0, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return 0
 
-    def _recv_some_sync(self, view: memoryview, deadline: float) -> int:
-        while True:
-            try:
-                return self.sock.recv_into(view)
-            except (BlockingIOError, InterruptedError):
-                self._wait(select.POLLIN, deadline)
-
-    def _wait(self, events: int, deadline: float) -> None:
-        poller = select.poll()
-        poller.register(self.sock, events)
-        while not poller.poll(_SLICE_S * 1000):
-            if self.closed:
-                raise ConnectionAbortedError("connection closed")
-            if time.monotonic() > deadline:
-                raise TimeoutError("socket I/O timed out")
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ConnectionAbortedError("connection closed")
 
 
 class TlsChannel(Channel):
@@ -210,37 +227,59 @@ class TlsChannel(Channel):
 
     # --- worker-thread side ---
 
+    @contextlib.contextmanager
+    def thread_io(self) -> Iterator[None]:
+        """A timeout, not plain blocking: OpenSSL's want-read/want-write retries then wait in
+        C with the GIL released, and a slice with nothing moved raises TimeoutError (a
+        blocking SSLSocket would retry forever inside one call, deaf to close and deadline)."""
+        self.sock.settimeout(_SLICE_S)
+        try:
+            yield
+        finally:
+            if not self.closed:
+                with contextlib.suppress(OSError):
+                    self.sock.setblocking(False)
+
+    def recv_exactly_sync(self, view: memoryview, timeout_s: float) -> int:
+        deadline, got = time.monotonic() + timeout_s, 0
+        while got < len(view):
+            self._check_open()
+            try:
+                n = self.sock.recv_into(view[got:])
+            except TimeoutError:  # a slice passed with no record
+                n = -1
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                n = 0
+            except ssl.SSLError as exc:
+                raise ConnectionError(f"TLS record from peer: {exc.reason or exc}") from exc
+            if n == 0:
+                break
+            got += max(n, 0)
+            if got < len(view) and time.monotonic() > deadline:
+                raise TimeoutError("socket I/O timed out")
+        return got
+
     def send_parts_sync(self, parts: list[bytes | memoryview], timeout_s: float) -> None:
         """Each part in one SSL_write (GIL released while OpenSSL encrypts and writes)."""
         deadline = time.monotonic() + timeout_s
         for part in parts:
             view = memoryview(part).cast("B")
             while view:
+                self._check_open()
                 try:
                     view = view[self.sock.send(view):]
-                except ssl.SSLWantWriteError:  # retried with the same buffer
-                    self._wait(select.POLLOUT, deadline)
-                except ssl.SSLWantReadError:
-                    self._wait(select.POLLIN, deadline)
+                except TimeoutError:  # retried with the same buffer, as OpenSSL requires
+                    if time.monotonic() > deadline:
+                        raise
 
     def try_recv_sync(self, view: memoryview) -> int:
+        """Only what OpenSSL has already decrypted (0 when nothing): anything more could wait."""
+        if not self.sock.pending():
+            return 0
         try:
             return self.sock.recv_into(view)
-        except (ssl.SSLError, BlockingIOError):  # nothing decrypted yet, or EOF: the loop
-            return 0  # finds out
-
-    def _recv_some_sync(self, view: memoryview, deadline: float) -> int:
-        while True:
-            try:
-                return self.sock.recv_into(view)
-            except ssl.SSLWantReadError:
-                self._wait(select.POLLIN, deadline)
-            except ssl.SSLWantWriteError:
-                self._wait(select.POLLOUT, deadline)
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                return 0
-            except ssl.SSLError as exc:
-                raise ConnectionError(f"TLS record from peer: {exc.reason or exc}") from exc
+        except (ssl.SSLError, OSError):  # nothing decrypted yet, or EOF: the loop finds out
+            return 0
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

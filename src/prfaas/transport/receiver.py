@@ -3,13 +3,14 @@
 Chunks are received straight into the destination tensor, carved from the receiver's arena
 (transport/arena.py: one buffer reused across transfers, a slice reused only once no array
 views it). Payloads of 64 KiB or more are received by a worker thread per connection, which
-checks each payload's CRC and, while the next header is already there and is a DATA frame of a
-live request, goes on to it without the loop; the loop counts chunks, hands out tensors
-(`on_tensor`, on the loop's thread) and handles END and ABORT. A bad frame (magic, checksum, limits,
-shape, short read) closes only its connection and fails, with that typed error, the requests
-that were in flight on it; the server keeps serving. Between frames an idle connection may wait
-`idle_timeout_s` (None: forever, a pooled link is not a transfer); once a frame has begun, or
-while a request is open on the connection, every read is bounded by `frame_timeout_s`.
+checks each payload's CRC and, while a request is open on the connection, waits for the next
+header itself and goes on to it without the loop when it is a DATA frame of a live request; the
+loop hands out tensors (`on_tensor`, on the loop's thread) and handles END and ABORT. A bad
+frame (magic, checksum, limits, shape, short read) closes only its connection and fails, with
+that typed error, the requests that were in flight on it; the server keeps serving. Between
+frames an idle connection may wait `idle_timeout_s` (None: forever, a pooled link is not a
+transfer); once a frame has begun, or while a request is open on the connection, every read is
+bounded by `frame_timeout_s`.
 `wait_request` is the consumer's side: it returns the `ReceivedKV` or raises the request's error.
 With `tls` (a server ssl.SSLContext that requires client certificates) every connection must
 complete a TLS handshake first, and `accept_peer(name)` may refuse a certificate's name; a
@@ -327,23 +328,28 @@ class KVReceiver:
     def _frames_sync(self, loop: asyncio.AbstractEventLoop, conn: _Conn, h: FrameHeader,
                      into: memoryview) -> tuple[FrameHeader, memoryview, int, int, int | None]:
         """Payload thread: receive `h`'s payload and check its CRC while it is in cache (the
-        GIL is released, so connections check in parallel). While the next header is already
-        there and is a sound DATA frame of a live request, account this frame on the loop
-        and receive that one too, sparing the loop a round trip per frame. Returns the last
-        frame (header, buffer, bytes got, bytes of the next header already read, its CRC)."""
+        GIL is released, so connections check in parallel). Then, while a request is open on
+        the connection (a frame must follow: its END at least), wait here for the next header
+        (under `frame_timeout_s`, as the loop would) and, when it is a sound DATA frame of a
+        live request, account this frame on the loop and receive that one too: the loop sees a
+        connection's request at its first frame and its END, not once per chunk. Returns the
+        last frame (header, buffer, bytes got, bytes of the next header already read, its CRC)."""
         head = memoryview(conn.head)
-        while True:
-            got = conn.chan.recv_exactly_sync(into, self.config.frame_timeout_s)
-            crc = payload_checksum(into) if h.payload_checksummed and got == len(into) else None
-            if got < len(into) or (crc is not None and crc != h.payload_crc):
-                return h, into, got, 0, crc
-            h = self._land(h, into) if h.codec else h  # (the caller sees a landed frame)
-            head_bytes = conn.chan.try_recv_sync(head)
-            nxt = self._next_data(conn, head_bytes)
-            if nxt is None:
-                return h, into, got, head_bytes, crc
-            self._chunk_arrived_sync(loop, conn, h, len(into))
-            h, into = nxt
+        with conn.chan.thread_io():
+            while True:
+                got = conn.chan.recv_exactly_sync(into, self.config.frame_timeout_s)
+                crc = (payload_checksum(into) if h.payload_checksummed and got == len(into)
+                       else None)
+                if got < len(into) or (crc is not None and crc != h.payload_crc):
+                    return h, into, got, 0, crc
+                h = self._land(h, into) if h.codec else h  # (the caller sees a landed frame)
+                head_bytes = (conn.chan.recv_exactly_sync(head, self.config.frame_timeout_s)
+                              if conn.open_ids else conn.chan.try_recv_sync(head))
+                nxt = self._next_data(conn, head_bytes)
+                if nxt is None:
+                    return h, into, got, head_bytes, crc
+                self._chunk_arrived_sync(loop, conn, h, len(into))
+                h, into = nxt
 
     def _next_data(self, conn: _Conn, head_bytes: int) -> tuple[FrameHeader, memoryview] | None:
         """The next frame and its buffer when the thread may receive it (else the loop does)."""
