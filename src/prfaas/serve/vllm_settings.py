@@ -19,9 +19,9 @@ state from the requests it sent (every full block of a prompt an instance comput
 received), which never sees an eviction.
 `idle_spin_s`: how long each vLLM process spins (sched_yield) after a read of its step queue
 before it sleeps; vLLM's is 1 s and not configurable (integrations/vllm/launch.py sets it).
-`auto` (the default): 0 for an instance whose `cores` overlap another worker's (the spin
-would take the shared core from the other's prefill), vLLM's own otherwise; a number: that,
-for every instance.
+`auto` (the default): 0.01 s for an instance pinned to `cores` (there its EngineCore's spin
+takes the core its own Worker, or a neighbour, computes on), vLLM's own for an unpinned one;
+a number (>= 0.005 s): that, for every instance.
 Per worker: `cores` ("0", "0-1": VLLM_CPU_OMP_THREADS_BIND) and `vllm_args` (appended).
 A relative `model.dir` is resolved against the topology file's folder.
 """
@@ -34,6 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from prfaas.core.errors import ConfigError
+
+# vLLM's writer notifies readers on a zmq PUB socket with SNDHWM 1, which can drop a
+# notification sent soon after the previous one; a reader that sleeps at once then waits out
+# its 5 s recheck (seen: spin 0 decoded ~1 step/s, EngineCore and Worker both in zmq poll). A
+# reader that spins a little first reads such messages itself: a spin is not shorter than this.
+MIN_IDLE_SPIN_S = 0.005
 
 ARCHS = ("llama", "qwen3_next")
 _KEYS = {"model", "served_name", "max_model_len", "max_num_batched_tokens", "kv_cache_gib",
@@ -55,9 +61,9 @@ class VllmSettings:
     idle_spin_s: float | None = None  # None: auto (module docstring)
 
     def __post_init__(self) -> None:
-        if self.idle_spin_s is not None and not self.idle_spin_s >= 0:
+        if self.idle_spin_s is not None and not self.idle_spin_s >= MIN_IDLE_SPIN_S:
             raise ConfigError("vllm.idle_spin_s", self.idle_spin_s,
-                              "must be `auto` or a number of seconds >= 0")
+                              f"must be `auto` or a number of seconds >= {MIN_IDLE_SPIN_S}")
         if self.arch not in ARCHS:
             raise ConfigError("vllm.model.arch", self.arch, f"unknown; known: {', '.join(ARCHS)}")
         for key in ("max_model_len", "max_num_batched_tokens", "kv_cache_gib",
@@ -97,7 +103,8 @@ def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
         raise ConfigError("vllm.kv_events", kv_events, "must be true or false")
     spin = raw.get("idle_spin_s", "auto")
     if spin != "auto" and (isinstance(spin, bool) or not isinstance(spin, (int, float))):
-        raise ConfigError("vllm.idle_spin_s", spin, "must be `auto` or a number of seconds >= 0")
+        raise ConfigError("vllm.idle_spin_s", spin,
+                          f"must be `auto` or a number of seconds >= {MIN_IDLE_SPIN_S}")
     try:
         return VllmSettings(
             arch, model_dir, int(model.get("seed", 0)),

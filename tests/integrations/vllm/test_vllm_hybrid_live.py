@@ -317,11 +317,11 @@ def _cpu_s(procs: list[Any]) -> float:
     return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
 
 
-def test_instances_sharing_a_core_stop_spinning_after_a_step(live: dict) -> None:
-    """vllm.idle_spin_s auto (launch.py): pdp-0 shares core 0 with prfaas-0, so its EngineCore
-    and Worker sleep right after a step; the reference instance (core 1 alone: vLLM's own 1 s
-    spin) is the control, and spins after the same request. Both read over the same 0.8 s
-    after their answers; 3 tries (a loaded host can starve the spinner of its core)."""
+def test_pinned_instances_stop_spinning_after_a_step(live: dict) -> None:
+    """vllm.idle_spin_s auto (launch.py): pdp-0 is pinned (core 0, beside prfaas-0), so its
+    EngineCore and Worker spin 10 ms after a step, then sleep; the reference instance (started
+    with vLLM's own 1 s spin) is the control and spins after the same request. Both read over
+    the same 0.8 s after their answers; 3 tries (a loaded host can starve the spinner)."""
     dep, ref = live["dep"], live["ref"]
     pdp_url = f"http://{dep.topology.worker('pdp-0').host}:{dep.topology.worker('pdp-0').port}"
     trees = {"pdp-0": process_tree(dep.pid("pdp-0")), "ref": process_tree(ref.proc.pid)}

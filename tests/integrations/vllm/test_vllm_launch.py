@@ -10,7 +10,13 @@ import pytest
 
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.launch import apply_idle_spin, parse_idle_spin
-from prfaas.integrations.vllm.server import IDLE_SPIN_ENV, LAUNCH_MODULE, SERVER_MODULE, VllmSpec
+from prfaas.integrations.vllm.server import (
+    IDLE_SPIN_ENV,
+    LAUNCH_MODULE,
+    PINNED_SPIN_S,
+    SERVER_MODULE,
+    VllmSpec,
+)
 from prfaas.serve.topology import load_topology
 from prfaas.serve.vllm_settings import parse_vllm
 
@@ -29,8 +35,8 @@ def _spin_class() -> type:
 def test_the_patch_sets_the_default_every_queue_then_gets() -> None:
     spin = _spin_class()
     assert spin(True, None, "a").busy_loop_s == 1  # control: vLLM's own default
-    apply_idle_spin(0.0, spin)
-    assert spin(True, None, "a").busy_loop_s == 0.0
+    apply_idle_spin(0.01, spin)
+    assert spin(True, None, "a").busy_loop_s == 0.01
     assert spin(True, None, "a", busy_loop_s=2).busy_loop_s == 2  # an explicit value wins
 
 
@@ -40,48 +46,50 @@ def test_a_vllm_without_the_parameter_is_refused_not_ignored() -> None:
             self.spin_s = spin_s
 
     with pytest.raises(ConfigError, match="busy_loop_s"):
-        apply_idle_spin(0.0, Renamed)
+        apply_idle_spin(0.01, Renamed)
     assert Renamed(True).spin_s == 1  # untouched
 
 
 def test_env_values_parse_or_fail_with_the_value() -> None:
-    assert parse_idle_spin("0") == 0.0 and parse_idle_spin("0.25") == 0.25
-    for bad in ("-1", "nan", "fast"):
+    assert parse_idle_spin("0.01") == 0.01 and parse_idle_spin("0.25") == 0.25
+    for bad in ("0", "-1", "nan", "fast"):  # 0: vLLM's dropped notifications (vllm_settings.py)
         with pytest.raises(ConfigError, match=IDLE_SPIN_ENV):
             parse_idle_spin(bad)
 
 
 def test_the_spec_runs_our_launcher_only_when_it_sets_a_spin() -> None:
-    plain, spun = VllmSpec("m", 1), VllmSpec("m", 1, idle_spin_s=0.0)
+    plain, spun = VllmSpec("m", 1), VllmSpec("m", 1, idle_spin_s=0.01)
     assert plain.command()[2] == SERVER_MODULE and IDLE_SPIN_ENV not in plain.environ()
-    assert spun.command()[2] == LAUNCH_MODULE and spun.environ()[IDLE_SPIN_ENV] == "0.0"
+    assert spun.command()[2] == LAUNCH_MODULE and spun.environ()[IDLE_SPIN_ENV] == "0.01"
+    assert parse_idle_spin(spun.environ()[IDLE_SPIN_ENV]) == 0.01  # what the launcher reads
     assert spun.command()[3:] == plain.command()[3:]  # the same vLLM arguments
-    with pytest.raises(ConfigError, match="idle_spin_s"):
-        VllmSpec("m", 1, idle_spin_s=-0.5)
+    for bad in (0.0, -0.5):
+        with pytest.raises(ConfigError, match="idle_spin_s"):
+            VllmSpec("m", 1, idle_spin_s=bad)
 
 
 def test_settings_take_auto_or_seconds() -> None:
     assert parse_vllm({}, None).idle_spin_s is None  # type: ignore[union-attr]
     assert parse_vllm({"idle_spin_s": "auto"}, None).idle_spin_s is None  # type: ignore[union-attr]
-    assert parse_vllm({"idle_spin_s": 0}, None).idle_spin_s == 0.0  # type: ignore[union-attr]
-    for bad in ("never", True, -1, [0]):
+    assert parse_vllm({"idle_spin_s": 1}, None).idle_spin_s == 1.0  # type: ignore[union-attr]
+    for bad in ("never", True, 0, -1, [0]):
         with pytest.raises(ConfigError, match="idle_spin_s"):
             parse_vllm({"idle_spin_s": bad}, None)
+    for spin in ("auto", 0.02):  # what a dumped topology says is read back the same
+        settings = parse_vllm({"idle_spin_s": spin}, None)
+        assert settings is not None and parse_vllm(settings.to_dict(), None) == settings
 
 
-def test_auto_stops_the_spin_only_where_instances_share_a_core() -> None:
+def test_auto_sets_a_short_spin_on_pinned_instances_only() -> None:
     from prfaas.integrations.vllm.deploy import idle_spin_s, worker_spec
 
-    topo = load_topology(HYBRID).with_ports()
-    spins = {w.name: idle_spin_s(topo, w) for w in topo.workers}
-    # prfaas-0 and pdp-0 share core 0; pdd-0 has core 1 to itself: vLLM's own spin
-    assert spins == {"prfaas-0": 0.0, "pdp-0": 0.0, "pdd-0": None}
-    assert worker_spec(topo, topo.worker("pdp-0")).idle_spin_s == 0.0
-    apart = replace(topo, workers=tuple(replace(w, cores=str(i))
-                                        for i, w in enumerate(topo.workers)))
-    assert {idle_spin_s(apart, w) for w in apart.workers} == {None}
+    topo = load_topology(HYBRID).with_ports()  # every worker pinned: prfaas-0, pdp-0 on 0
+    assert {w.name: idle_spin_s(topo, w) for w in topo.workers} == {
+        "prfaas-0": PINNED_SPIN_S, "pdp-0": PINNED_SPIN_S, "pdd-0": PINNED_SPIN_S}
+    assert worker_spec(topo, topo.worker("pdp-0")).idle_spin_s == PINNED_SPIN_S
     unpinned = replace(topo, workers=tuple(replace(w, cores=None) for w in topo.workers))
-    assert {idle_spin_s(unpinned, w) for w in unpinned.workers} == {None}
+    assert {idle_spin_s(unpinned, w) for w in unpinned.workers} == {None}  # vLLM's own
+    assert worker_spec(unpinned, unpinned.worker("pdp-0")).command()[2] == SERVER_MODULE
     assert topo.vllm is not None
     fixed = replace(topo, vllm=replace(topo.vllm, idle_spin_s=0.5))
     assert {idle_spin_s(fixed, w) for w in fixed.workers} == {0.5}

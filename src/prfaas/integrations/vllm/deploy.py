@@ -18,7 +18,7 @@ from typing import Any
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.kv_events import events_config
 from prfaas.integrations.vllm.kv_security import FAULT_ENV
-from prfaas.integrations.vllm.server import VllmSpec, parse_cores
+from prfaas.integrations.vllm.server import PINNED_SPIN_S, VllmSpec, parse_cores
 from prfaas.integrations.vllm.tls_front import start_front
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.serve.vllm_settings import VllmSettings
@@ -66,19 +66,13 @@ def worker_spec(topology: Topology, worker: WorkerSpec,
 
 def idle_spin_s(topology: Topology, worker: WorkerSpec) -> float | None:
     """The worker's vLLM idle spin (vllm_settings.py, `idle_spin_s`): the topology's number,
-    or with `auto`, 0 where the worker's cores overlap another worker's (both pinned)
-    and None (vLLM's own 1 s) otherwise. An unpinned worker is not known to share a core."""
+    or with `auto`, PINNED_SPIN_S for a worker pinned to `cores` (its EngineCore spins on the
+    cores its Worker computes on, and on those of any worker pinned beside it) and None
+    (vLLM's own 1 s) for an unpinned one (a GPU host: the spin costs a spare host core)."""
     s = settings(topology)
     if s.idle_spin_s is not None:
         return s.idle_spin_s
-    mine = parse_cores(worker.cores)
-    if mine is None:
-        return None
-    for other in topology.workers:
-        theirs = parse_cores(other.cores)
-        if other.name != worker.name and theirs is not None and mine & theirs:
-            return 0.0
-    return None
+    return None if parse_cores(worker.cores) is None else PINNED_SPIN_S
 
 
 def tls_extra(topology: Topology, worker: WorkerSpec) -> dict[str, Any]:

@@ -5,8 +5,9 @@ step, the EngineCore waiting for the Worker's answer) spins with sched_yield for
 `SpinCondition.busy_loop_s` = 1 s before it sleeps on a zmq notification
 (vllm/distributed/device_communicators/shm_broadcast.py; vLLM has no setting for it). On a GPU
 host that burns a host core; where two instances share a core, it takes half the core from
-the other's prefill (docs/sim-vs-live.md). `PRFAAS_VLLM_IDLE_SPIN_S=S` makes every
-SpinCondition spin S seconds instead (0: sleep on the notification at once).
+the other's prefill, and an instance pinned to one core spins on the core its own Worker
+computes on (docs/sim-vs-live.md). `PRFAAS_VLLM_IDLE_SPIN_S=S` makes every SpinCondition spin
+S seconds instead (not less than MIN_IDLE_SPIN_S: serve/vllm_settings.py says why).
 
 How the setting reaches every process: vLLM's CPU platform starts EngineCore and Worker with
 multiprocessing's `spawn`, which imports the parent's main module (this one, as `__mp_main__`)
@@ -22,16 +23,17 @@ import inspect
 import os
 
 from prfaas.core.errors import ConfigError
-from prfaas.integrations.vllm.server import IDLE_SPIN_ENV
+from prfaas.integrations.vllm.server import IDLE_SPIN_ENV, MIN_IDLE_SPIN_S
 
 
 def parse_idle_spin(raw: str) -> float:
+    message = f"must be a number of seconds >= {MIN_IDLE_SPIN_S} (serve/vllm_settings.py)"
     try:
         seconds = float(raw)
     except ValueError:
-        raise ConfigError(IDLE_SPIN_ENV, raw, "must be a number of seconds >= 0") from None
-    if not seconds >= 0:  # also refuses nan
-        raise ConfigError(IDLE_SPIN_ENV, raw, "must be a number of seconds >= 0")
+        raise ConfigError(IDLE_SPIN_ENV, raw, message) from None
+    if not seconds >= MIN_IDLE_SPIN_S:  # also refuses nan
+        raise ConfigError(IDLE_SPIN_ENV, raw, message)
     return seconds
 
 

@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prfaas.core.errors import ConfigError, PrfaasError
+from prfaas.serve.vllm_settings import MIN_IDLE_SPIN_S
 
 KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 LAUNCH_MODULE = "prfaas.integrations.vllm.launch"
 IDLE_SPIN_ENV = "PRFAAS_VLLM_IDLE_SPIN_S"  # read by launch.py (it imports vLLM; this must not)
+PINNED_SPIN_S = 0.01  # `idle_spin_s: auto` for an instance pinned to `cores` (deploy.py)
 
 
 class VllmStartError(PrfaasError):
@@ -55,8 +57,9 @@ class VllmSpec:
     idle_spin_s: float | None = None  # None: vLLM's own (1 s); else launch.py sets it
 
     def __post_init__(self) -> None:
-        if self.idle_spin_s is not None and not self.idle_spin_s >= 0:
-            raise ConfigError("idle_spin_s", self.idle_spin_s, "must be >= 0 seconds or None")
+        if self.idle_spin_s is not None and not self.idle_spin_s >= MIN_IDLE_SPIN_S:
+            raise ConfigError("idle_spin_s", self.idle_spin_s,
+                              f"must be >= {MIN_IDLE_SPIN_S} s (serve/vllm_settings.py) or None")
 
     @property
     def url(self) -> str:
