@@ -166,6 +166,7 @@ LOAD_KEYS = {"offered_rps", "requests", "ttft_mape", "throughput_live_rps",
 
 
 @pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_spin_run2.json",
+                                  "sim_vs_live_vllm_spin_run3.json",
                                   "sim_vs_live_vllm_before_spin.json",
                                   "sim_vs_live_vllm_before_pin.json",
                                   "sim_vs_live_vllm_before_burst.json",
