@@ -165,10 +165,14 @@ LOAD_KEYS = {"offered_rps", "requests", "ttft_mape", "throughput_live_rps",
              "throughput_sim_rps", "route_agreement"}
 
 
-@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_before_pin.json",
+@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_spin_run2.json",
+                                  "sim_vs_live_vllm_spin_run3.json",
+                                  "sim_vs_live_vllm_before_spin.json",
+                                  "sim_vs_live_vllm_before_pin.json",
                                   "sim_vs_live_vllm_before_burst.json",
                                   "sim_vs_live_vllm_run2.json", "sim_vs_live_native.json",
-                                  "sim_vs_live_native_before_burst.json"])
+                                  "sim_vs_live_native_before_burst.json",
+                                  "sim_vs_live_native_rerun.json"])
 def test_committed_results_follow_the_schema_and_recompute(name: str) -> None:
     path = RESULTS / name
     assert path.exists(), f"{name}: the docs quote it, so it must be committed"

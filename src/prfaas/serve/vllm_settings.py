@@ -10,12 +10,18 @@ vllm:
   block_size_tokens: 128         # the router hashes prompts in blocks of this size
   args: ["--enforce-eager"]      # more vLLM server arguments, for every instance
   kv_events: false               # true: the router's prefix state comes from vLLM's KV events
+  idle_spin_s: auto              # a vLLM process's spin after each queue read (below)
 ```
 With `kv_events: true` each instance publishes its KV cache events (BlockStored, BlockRemoved,
 AllBlocksCleared) on its worker's `events_port` and the router subscribes to them
 (integrations/vllm/kv_events.py): evictions are then tracked. Without, the router infers the
 state from the requests it sent (every full block of a prompt an instance computed or
 received), which never sees an eviction.
+`idle_spin_s`: how long each vLLM process spins (sched_yield) after a read of its step queue
+before it sleeps; vLLM's is 1 s and not configurable (integrations/vllm/launch.py sets it).
+`auto` (the default): 0.01 s for an instance pinned to `cores` (there its EngineCore's spin
+takes the core its own Worker, or a neighbour, computes on), vLLM's own for an unpinned one;
+a number (>= 0.005 s): that, for every instance.
 Per worker: `cores` ("0", "0-1": VLLM_CPU_OMP_THREADS_BIND) and `vllm_args` (appended).
 A relative `model.dir` is resolved against the topology file's folder.
 """
@@ -29,9 +35,15 @@ from typing import Any
 
 from prfaas.core.errors import ConfigError
 
+# vLLM's writer notifies readers on a zmq PUB socket with SNDHWM 1, which can drop a
+# notification sent soon after the previous one; a reader that sleeps at once then waits out
+# its 5 s recheck (seen: spin 0 decoded ~1 step/s, EngineCore and Worker both in zmq poll). A
+# reader that spins a little first reads such messages itself: a spin is not shorter than this.
+MIN_IDLE_SPIN_S = 0.005
+
 ARCHS = ("llama", "qwen3_next")
 _KEYS = {"model", "served_name", "max_model_len", "max_num_batched_tokens", "kv_cache_gib",
-         "block_size_tokens", "args", "kv_events"}
+         "block_size_tokens", "args", "kv_events", "idle_spin_s"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +58,12 @@ class VllmSettings:
     block_size_tokens: int = 128
     args: tuple[str, ...] = ("--enforce-eager",)
     kv_events: bool = False
+    idle_spin_s: float | None = None  # None: auto (module docstring)
 
     def __post_init__(self) -> None:
+        if self.idle_spin_s is not None and not self.idle_spin_s >= MIN_IDLE_SPIN_S:
+            raise ConfigError("vllm.idle_spin_s", self.idle_spin_s,
+                              f"must be `auto` or a number of seconds >= {MIN_IDLE_SPIN_S}")
         if self.arch not in ARCHS:
             raise ConfigError("vllm.model.arch", self.arch, f"unknown; known: {', '.join(ARCHS)}")
         for key in ("max_model_len", "max_num_batched_tokens", "kv_cache_gib",
@@ -60,7 +76,8 @@ class VllmSettings:
                 "served_name": self.served_name, "max_model_len": self.max_model_len,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "kv_cache_gib": self.kv_cache_gib, "block_size_tokens": self.block_size_tokens,
-                "args": list(self.args), "kv_events": self.kv_events}
+                "args": list(self.args), "kv_events": self.kv_events,
+                "idle_spin_s": "auto" if self.idle_spin_s is None else self.idle_spin_s}
 
 
 def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
@@ -84,11 +101,16 @@ def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
     kv_events = raw.get("kv_events", False)
     if not isinstance(kv_events, bool):
         raise ConfigError("vllm.kv_events", kv_events, "must be true or false")
+    spin = raw.get("idle_spin_s", "auto")
+    if spin != "auto" and (isinstance(spin, bool) or not isinstance(spin, (int, float))):
+        raise ConfigError("vllm.idle_spin_s", spin,
+                          f"must be `auto` or a number of seconds >= {MIN_IDLE_SPIN_S}")
     try:
         return VllmSettings(
             arch, model_dir, int(model.get("seed", 0)),
             str(raw.get("served_name", "tiny")), int(raw.get("max_model_len", 4096)),
             int(raw.get("max_num_batched_tokens", 1024)), int(raw.get("kv_cache_gib", 1)),
-            int(raw.get("block_size_tokens", 128)), tuple(args), kv_events)
+            int(raw.get("block_size_tokens", 128)), tuple(args), kv_events,
+            None if spin == "auto" else float(spin))
     except (TypeError, ValueError) as exc:
         raise ConfigError("vllm", raw, f"bad value: {exc}") from exc

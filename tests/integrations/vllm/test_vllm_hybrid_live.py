@@ -44,6 +44,7 @@ from vllm_live import (  # noqa: E402
     deployment,
     event_counts,
     post,
+    process_tree,
     prompts,
     routed,
     topology,
@@ -330,6 +331,36 @@ def test_fp8_on_the_wire_ends_in_the_expected_tokens_within_the_measured_error(
     assert first > 0.0  # fp8 did change the KV (bf16 on the wire: exactly 0 at this length)
     assert max(worst, worst_other) < bound
     assert coarse > bound  # the coarser quantizer fails the same comparison
+
+
+def _cpu_s(procs: list[Any]) -> float:
+    """CPU seconds (user + system, all threads) of these processes so far."""
+    return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+
+
+def test_pinned_instances_stop_spinning_after_a_step(live: dict) -> None:
+    """vllm.idle_spin_s auto (launch.py): pdp-0 is pinned (core 0, beside prfaas-0), so its
+    EngineCore and Worker spin 10 ms after a step, then sleep; the reference instance (started
+    with vLLM's own 1 s spin) is the control and spins after the same request. Both read over
+    the same 0.8 s after their answers; 3 tries (a loaded host can starve the spinner)."""
+    dep, ref = live["dep"], live["ref"]
+    pdp_url = f"http://{dep.topology.worker('pdp-0').host}:{dep.topology.worker('pdp-0').port}"
+    trees = {"pdp-0": process_tree(dep.pid("pdp-0")), "ref": process_tree(ref.proc.pid)}
+    assert len(trees["pdp-0"]) >= 3  # API server, EngineCore, Worker: the spawned ones count
+    seen = []
+    for seed in range(3):
+        [prompt] = prompts([64], seed=40 + seed)
+        for url in (pdp_url, ref.spec.url):
+            status, _ = post(url, {"model": "tiny", "prompt": prompt, "max_tokens": 1})
+            assert status == 200
+        before = {k: _cpu_s(v) for k, v in trees.items()}
+        time.sleep(0.8)
+        used = {k: _cpu_s(v) - before[k] for k, v in trees.items()}
+        seen.append(used)
+        if used["ref"] > 0.1 and used["pdp-0"] < used["ref"] / 3:
+            break
+    print(f"\nCPU-s in the 0.8 s after a step: {seen}")
+    assert used["ref"] > 0.1 and used["pdp-0"] < used["ref"] / 3, seen
 
 
 def test_hybrid_long_prompt_goes_through_the_router_on_prfaas(live: dict) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.kv_events import events_config
 from prfaas.integrations.vllm.kv_security import FAULT_ENV
-from prfaas.integrations.vllm.server import VllmSpec
+from prfaas.integrations.vllm.server import PINNED_SPIN_S, VllmSpec, parse_cores
 from prfaas.integrations.vllm.tls_front import start_front
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.serve.vllm_settings import VllmSettings
@@ -60,8 +60,19 @@ def worker_spec(topology: Topology, worker: WorkerSpec,
     return VllmSpec(s.model_dir, worker.port, worker.host, s.served_name, role, conf,  # type: ignore[arg-type]
                     max_model_len=s.max_model_len,
                     max_num_batched_tokens=s.max_num_batched_tokens, kv_cache_gib=s.kv_cache_gib,
-                    cores=worker.cores,
+                    cores=worker.cores, idle_spin_s=idle_spin_s(topology, worker),
                     args=(*s.args, *worker.vllm_args, *events, *(("--uds", uds) if uds else ())))
+
+
+def idle_spin_s(topology: Topology, worker: WorkerSpec) -> float | None:
+    """The worker's vLLM idle spin (vllm_settings.py, `idle_spin_s`): the topology's number,
+    or with `auto`, PINNED_SPIN_S for a worker pinned to `cores` (its EngineCore spins on the
+    cores its Worker computes on, and on those of any worker pinned beside it) and None
+    (vLLM's own 1 s) for an unpinned one (a GPU host: the spin costs a spare host core)."""
+    s = settings(topology)
+    if s.idle_spin_s is not None:
+        return s.idle_spin_s
+    return None if parse_cores(worker.cores) is None else PINNED_SPIN_S
 
 
 def tls_extra(topology: Topology, worker: WorkerSpec) -> dict[str, Any]:

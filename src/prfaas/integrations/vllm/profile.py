@@ -179,11 +179,12 @@ def profile_topology(topology: Any, url: str | None = None, log_dir: str | None 
                      **kwargs: Any) -> dict[str, Any]:
     """The profile document of the topology's vLLM instances: measured on `url` (a running
     instance serving the topology's model), else on a standalone instance started here with
-    the topology's engine arguments, pinned to the cores of its first prefill worker."""
+    the topology's engine arguments, pinned to the cores of its first prefill worker, with
+    that worker's vLLM idle spin."""
     import tempfile
 
     from prfaas.engine.profiler import cpu_model
-    from prfaas.integrations.vllm.deploy import prepare, settings
+    from prfaas.integrations.vllm.deploy import idle_spin_s, prepare, settings
     from prfaas.integrations.vllm.reference import reference_spec
     from prfaas.integrations.vllm.server import VllmInstance
     from prfaas.serve.topology import free_port
@@ -194,8 +195,10 @@ def profile_topology(topology: Any, url: str | None = None, log_dir: str | None 
         prof = run_profile(url.rstrip("/"), model, **kwargs)
         return profile_document(model, prof, f"{cpu_model()} (instance at {url})", url)
     prepare(topology)
-    cores = next((w.cores for w in topology.workers if w.role in ("prfaas", "pd-p")), None)
-    spec = reference_spec(s, free_port(), cores)
+    first = next((w for w in topology.workers if w.role in ("prfaas", "pd-p")), None)
+    cores = first.cores if first else None
+    # as that worker runs in the deployment: its cores and its vLLM idle spin (deploy.py)
+    spec = reference_spec(s, free_port(), cores, idle_spin_s(topology, first) if first else None)
     logs = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-profile-"))
     with VllmInstance(spec, logs / "vllm-profile.log") as inst:
         prof = run_profile(inst.spec.url, model, **kwargs)

@@ -51,10 +51,12 @@ def deployment_with_reference(topo: Topology, log_dir: Path, with_reference: boo
             ref.stop()
 
 
-def reference_spec(s: VllmSettings, port: int, cores: str | None = None) -> VllmSpec:
+def reference_spec(s: VllmSettings, port: int, cores: str | None = None,
+                   idle_spin_s: float | None = None) -> VllmSpec:
     return VllmSpec(s.model_dir, port, served_name=s.served_name, kv_role=None,
                     max_model_len=s.max_model_len, max_num_batched_tokens=s.max_num_batched_tokens,
-                    kv_cache_gib=s.kv_cache_gib, cores=cores, args=s.args)
+                    kv_cache_gib=s.kv_cache_gib, cores=cores, args=s.args,
+                    idle_spin_s=idle_spin_s)
 
 
 def complete(url: str, served_name: str, prompt: str | list[int], max_tokens: int,

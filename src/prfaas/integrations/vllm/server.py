@@ -1,7 +1,8 @@
 """Start and stop one vLLM OpenAI server (CPU build here, CUDA elsewhere) with PrfaasConnector.
 
 `VllmInstance(spec).start()` spawns `python -m vllm.entrypoints.openai.api_server` (the module
-form works without the `vllm` metadata shim) in its own process group, logs to a file, and
+form works without the `vllm` metadata shim; `launch.py` in its place when the spec sets vLLM's
+idle spin, `idle_spin_s`) in its own process group, logs to a file, and
 waits until `/v1/models` answers (every probe has a timeout: a probe without one was seen to
 hang for minutes). `stop()` sends SIGTERM to the group (API server, EngineCore and Worker),
 waits, then SIGKILLs it. Nothing here imports vLLM: the router and tests use it too.
@@ -23,9 +24,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prfaas.core.errors import ConfigError, PrfaasError
+from prfaas.serve.vllm_settings import MIN_IDLE_SPIN_S
 
 KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+LAUNCH_MODULE = "prfaas.integrations.vllm.launch"
+IDLE_SPIN_ENV = "PRFAAS_VLLM_IDLE_SPIN_S"  # read by launch.py (it imports vLLM; this must not)
+PINNED_SPIN_S = 0.01  # `idle_spin_s: auto` for an instance pinned to `cores` (deploy.py)
 
 
 class VllmStartError(PrfaasError):
@@ -48,6 +54,12 @@ class VllmSpec:
     cores: str | None = None  # e.g. "0" or "0-1": every process of the instance (cpu_set)
     args: tuple[str, ...] = ("--enforce-eager",)
     env: dict[str, str] = field(default_factory=dict)
+    idle_spin_s: float | None = None  # None: vLLM's own (1 s); else launch.py sets it
+
+    def __post_init__(self) -> None:
+        if self.idle_spin_s is not None and not self.idle_spin_s >= MIN_IDLE_SPIN_S:
+            raise ConfigError("idle_spin_s", self.idle_spin_s,
+                              f"must be >= {MIN_IDLE_SPIN_S} s (serve/vllm_settings.py) or None")
 
     @property
     def url(self) -> str:
@@ -63,7 +75,7 @@ class VllmSpec:
         return cfg
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        cmd = [sys.executable, "-m", self.server_module(),
                "--model", self.model_dir, "--host", self.host, "--port", str(self.port),
                "--served-model-name", self.served_name, "--max-model-len",
                str(self.max_model_len), "--max-num-batched-tokens",
@@ -74,20 +86,16 @@ class VllmSpec:
             cmd += ["--kv-transfer-config", json.dumps(kv)]
         return cmd
 
+    def server_module(self) -> str:
+        """vLLM's server module, or ours (launch.py: vLLM's server with its idle spin set)."""
+        return SERVER_MODULE if self.idle_spin_s is None else LAUNCH_MODULE
+
     def cpu_set(self) -> set[int] | None:
         """The CPUs the whole instance runs on (API server, EngineCore, Worker and their
         threads), not only vLLM's OMP compute threads (VLLM_CPU_OMP_THREADS_BIND): a vLLM
         EngineCore steps in a busy loop while a request waits for its KV, and unpinned, the
         decoder's loop ran on the prefill instances' core (docs/sim-vs-live.md, "On vLLM")."""
-        if self.cores is None:
-            return None
-        cpus: set[int] = set()
-        for part in self.cores.split(","):
-            lo, _, hi = part.strip().partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                raise ConfigError("cores", self.cores, "expected CPU numbers like 0, 0-1 or 0,2")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-        return cpus
+        return parse_cores(self.cores)
 
     def pin(self) -> None:
         """Pin the calling process (before it execs the server: children inherit it)."""
@@ -105,8 +113,23 @@ class VllmSpec:
         if self.cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cores
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        if self.idle_spin_s is not None:
+            env[IDLE_SPIN_ENV] = repr(float(self.idle_spin_s))
         env.update(self.env)
         return env
+
+
+def parse_cores(cores: str | None) -> set[int] | None:
+    """"0", "0-1", "0,2" as a set of CPU numbers; None (unpinned) as None."""
+    if cores is None:
+        return None
+    cpus: set[int] = set()
+    for part in cores.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ConfigError("cores", cores, "expected CPU numbers like 0, 0-1 or 0,2")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 class VllmInstance:
