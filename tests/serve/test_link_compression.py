@@ -4,6 +4,7 @@ egress counts the bytes that crossed the wire, transfer predictions the measured
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -105,3 +106,20 @@ def test_metrics_count_the_wire_bytes_beside_the_kv_bytes() -> None:
     text = service.metrics.render()
     assert 'prfaas_kv_bytes_total{link="inter_dc"} 1500' in text
     assert 'prfaas_kv_wire_bytes_total{link="inter_dc"} 1300' in text
+
+
+def test_vllm_codec_choice_needs_no_model_files(tmp_path: Path) -> None:
+    """The router plans before `prfaas serve` builds the model: a vLLM topology's codec figures
+    come from its architecture, not from the model's config.json (a fresh clone failed here when
+    they were read from the model). Control: the two architectures pick different measured KV."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    picked = {}
+    for arch in ("llama", "qwen3_next"):
+        raw = yaml.safe_load((repo / "topologies" / "vllm-local.yaml").read_text())
+        raw["vllm"]["model"] = {"arch": arch, "dir": str(tmp_path / "not-built" / arch)}
+        topo = parse_topology(raw)
+        assert not (tmp_path / "not-built").exists()
+        picked[arch] = engine_backend(topo).codec_kv()
+    assert picked == {"llama": "vllm_tiny_llama", "qwen3_next": "vllm_tiny_qwen3_next"}

@@ -19,6 +19,8 @@ from prfaas.serve.engines import EngineBackend
 if TYPE_CHECKING:
     from prfaas.serve.topology import Topology
 
+# which measured KV's codec figures stand for an architecture (data/codec_speeds.json)
+CODEC_KV_BY_ARCH = {"qwen3_next": "vllm_tiny_qwen3_next", "llama": "vllm_tiny_llama"}
 START_TIMEOUT_S = 600.0  # vLLM instances take 35-200 s to start on a loaded 2-core host
 
 
@@ -47,10 +49,10 @@ class VllmEngineBackend(EngineBackend):
         return ServedModel.from_settings(settings(self.topology)).dtypes()[0]
 
     def codec_kv(self) -> str | None:
-        # the tiny vLLM models measured in transport.json, by architecture: GDN + attention
-        # (qwen3_next) or attention only (llama)
-        linear = self._model()[1].linear_state_bytes > 0
-        return "vllm_tiny_qwen3_next" if linear else "vllm_tiny_llama"
+        # the tiny vLLM models measured in transport.json, by the topology's architecture (GDN
+        # + attention: qwen3_next, attention only: llama); no model files needed, as for
+        # cache_dtype: the router plans before `prfaas serve` has built the model
+        return CODEC_KV_BY_ARCH.get(settings(self.topology).arch)
 
     def tokenizer(self) -> Any:
         return self._model()[0].tokenizer()
