@@ -41,6 +41,16 @@ from prfaas.core.errors import ConfigError
 # reader that spins a little first reads such messages itself: a spin is not shorter than this.
 MIN_IDLE_SPIN_S = 0.005
 
+
+def check_idle_spin(seconds: float | None, name: str = "vllm.idle_spin_s") -> float | None:
+    """`seconds` if it is None (vLLM's own spin) or a number >= MIN_IDLE_SPIN_S; otherwise a
+    ConfigError naming `name` (nan is refused too). The one rule the topology, VllmSpec and
+    the launcher's env var all apply."""
+    if seconds is not None and not seconds >= MIN_IDLE_SPIN_S:
+        raise ConfigError(name, seconds,
+                          f"must be `auto` or a number of seconds >= {MIN_IDLE_SPIN_S}")
+    return seconds
+
 ARCHS = ("llama", "qwen3_next")
 _KEYS = {"model", "served_name", "max_model_len", "max_num_batched_tokens", "kv_cache_gib",
          "block_size_tokens", "args", "kv_events", "idle_spin_s"}
@@ -61,9 +71,7 @@ class VllmSettings:
     idle_spin_s: float | None = None  # None: auto (module docstring)
 
     def __post_init__(self) -> None:
-        if self.idle_spin_s is not None and not self.idle_spin_s >= MIN_IDLE_SPIN_S:
-            raise ConfigError("vllm.idle_spin_s", self.idle_spin_s,
-                              f"must be `auto` or a number of seconds >= {MIN_IDLE_SPIN_S}")
+        check_idle_spin(self.idle_spin_s)
         if self.arch not in ARCHS:
             raise ConfigError("vllm.model.arch", self.arch, f"unknown; known: {', '.join(ARCHS)}")
         for key in ("max_model_len", "max_num_batched_tokens", "kv_cache_gib",

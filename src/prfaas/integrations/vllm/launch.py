@@ -23,17 +23,16 @@ import inspect
 import os
 
 from prfaas.core.errors import ConfigError
-from prfaas.integrations.vllm.server import IDLE_SPIN_ENV, MIN_IDLE_SPIN_S
+from prfaas.integrations.vllm.server import IDLE_SPIN_ENV
+from prfaas.serve.vllm_settings import check_idle_spin
 
 
 def parse_idle_spin(raw: str) -> float:
-    message = f"must be a number of seconds >= {MIN_IDLE_SPIN_S} (serve/vllm_settings.py)"
     try:
         seconds = float(raw)
     except ValueError:
-        raise ConfigError(IDLE_SPIN_ENV, raw, message) from None
-    if not seconds >= MIN_IDLE_SPIN_S:  # also refuses nan
-        raise ConfigError(IDLE_SPIN_ENV, raw, message)
+        raise ConfigError(IDLE_SPIN_ENV, raw, "must be a number of seconds") from None
+    check_idle_spin(seconds, IDLE_SPIN_ENV)
     return seconds
 
 

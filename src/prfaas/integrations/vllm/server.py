@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prfaas.core.errors import ConfigError, PrfaasError
-from prfaas.serve.vllm_settings import MIN_IDLE_SPIN_S
+from prfaas.serve.vllm_settings import check_idle_spin
 
 KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
@@ -57,9 +57,7 @@ class VllmSpec:
     idle_spin_s: float | None = None  # None: vLLM's own (1 s); else launch.py sets it
 
     def __post_init__(self) -> None:
-        if self.idle_spin_s is not None and not self.idle_spin_s >= MIN_IDLE_SPIN_S:
-            raise ConfigError("idle_spin_s", self.idle_spin_s,
-                              f"must be >= {MIN_IDLE_SPIN_S} s (serve/vllm_settings.py) or None")
+        check_idle_spin(self.idle_spin_s, "idle_spin_s")
 
     @property
     def url(self) -> str:
