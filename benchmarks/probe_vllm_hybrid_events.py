@@ -57,7 +57,7 @@ def main() -> int:
     spec = reference_spec(s, free_port(), cores="0")
     spec = dataclasses.replace(spec, args=(
         *spec.args, "--num-gpu-blocks-override", str(BLOCKS),
-        "--kv-events-config", json.dumps(events_config(events_port, "probe"))))
+        "--kv-events-config", json.dumps(events_config(f"tcp://*:{events_port}", "probe"))))
     bs = s.block_size_tokens
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from prfaas.core.errors import ConfigError, UnknownNameError
@@ -111,6 +112,12 @@ class EngineBackend(ABC):
     def prepare(self) -> None:
         """Before any instance starts (the deployment): e.g. build a model on disk."""
         return None
+
+    def launch_topology(self, local_workers: frozenset[str], run_dir: Path) -> Topology:
+        """The topology a deployment launches (serve/deploy/launcher.py), given the workers it
+        starts on this host and a private folder (0700) it removes on stop: what only the
+        launch knows (vLLM: where KV events are published beside TLS). Default: as it is."""
+        return self.topology
 
     @abstractmethod
     def worker_engine(self, name: str) -> EngineBase:

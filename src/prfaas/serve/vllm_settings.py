@@ -10,6 +10,7 @@ vllm:
   block_size_tokens: 128         # the router hashes prompts in blocks of this size
   args: ["--enforce-eager"]      # more vLLM server arguments, for every instance
   kv_events: false               # true: the router's prefix state comes from vLLM's KV events
+  events_dir: null               # publish them on unix sockets here, not TCP (below)
   idle_spin_s: auto              # a vLLM process's spin after each queue read (below)
 ```
 With `kv_events: true` each instance publishes its KV cache events (BlockStored, BlockRemoved,
@@ -17,6 +18,11 @@ AllBlocksCleared) on its worker's `events_port` and the router subscribes to the
 (integrations/vllm/kv_events.py): evictions are then tracked. Without, the router infers the
 state from the requests it sent (every full block of a prompt an instance computed or
 received), which never sees an eviction.
+`events_dir`: the instances publish on unix sockets (`ipc://DIR/<worker>.events`) instead of
+TCP ports. vLLM's publisher (ZMQ) has no TLS and no authentication and its events carry the
+prompts' token ids, so with `security.tls` on, events travel only this way: the launcher makes
+a private folder (0700, removed on stop) when every vLLM instance runs on its host, and an
+instance or router asked to use TCP events beside TLS refuses to start (fail closed).
 `idle_spin_s`: how long each vLLM process spins (sched_yield) after a read of its step queue
 before it sleeps; vLLM's is 1 s and not configurable (integrations/vllm/launch.py sets it).
 `auto` (the default): 0.01 s for an instance pinned to `cores` (there its EngineCore's spin
@@ -53,7 +59,7 @@ def check_idle_spin(seconds: float | None, name: str = "vllm.idle_spin_s") -> fl
 
 ARCHS = ("llama", "qwen3_next")
 _KEYS = {"model", "served_name", "max_model_len", "max_num_batched_tokens", "kv_cache_gib",
-         "block_size_tokens", "args", "kv_events", "idle_spin_s"}
+         "block_size_tokens", "args", "kv_events", "idle_spin_s", "events_dir"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,7 @@ class VllmSettings:
     args: tuple[str, ...] = ("--enforce-eager",)
     kv_events: bool = False
     idle_spin_s: float | None = None  # None: auto (module docstring)
+    events_dir: str | None = None  # kv_events on unix sockets in this folder; None: TCP
 
     def __post_init__(self) -> None:
         check_idle_spin(self.idle_spin_s)
@@ -85,7 +92,8 @@ class VllmSettings:
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "kv_cache_gib": self.kv_cache_gib, "block_size_tokens": self.block_size_tokens,
                 "args": list(self.args), "kv_events": self.kv_events,
-                "idle_spin_s": "auto" if self.idle_spin_s is None else self.idle_spin_s}
+                "idle_spin_s": "auto" if self.idle_spin_s is None else self.idle_spin_s,
+                **({"events_dir": self.events_dir} if self.events_dir is not None else {})}
 
 
 def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
@@ -113,12 +121,17 @@ def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
     if spin != "auto" and (isinstance(spin, bool) or not isinstance(spin, (int, float))):
         raise ConfigError("vllm.idle_spin_s", spin,
                           f"must be `auto` or a number of seconds >= {MIN_IDLE_SPIN_S}")
+    events_dir = raw.get("events_dir")
+    if events_dir is not None and (not isinstance(events_dir, str) or not events_dir):
+        raise ConfigError("vllm.events_dir", events_dir, "must be a folder's path")
     try:
         return VllmSettings(
             arch, model_dir, int(model.get("seed", 0)),
             str(raw.get("served_name", "tiny")), int(raw.get("max_model_len", 4096)),
             int(raw.get("max_num_batched_tokens", 1024)), int(raw.get("kv_cache_gib", 1)),
             int(raw.get("block_size_tokens", 128)), tuple(args), kv_events,
-            None if spin == "auto" else float(spin))
+            None if spin == "auto" else float(spin),
+            None if events_dir is None else os.path.abspath(os.path.join(base or Path.cwd(),
+                                                                         events_dir)))
     except (TypeError, ValueError) as exc:
         raise ConfigError("vllm", raw, f"bad value: {exc}") from exc

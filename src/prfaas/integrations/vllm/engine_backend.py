@@ -4,12 +4,19 @@ served model's own tokenizer. Nothing here imports vLLM, transformers or torch."
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from prfaas.cache.listener import PoolListener
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.deploy import exec_worker, prepare, settings
-from prfaas.integrations.vllm.kv_events import VllmKvEvents
+from prfaas.integrations.vllm.kv_events import (
+    VllmKvEvents,
+    check_private,
+    endpoints,
+    tcp_beside_tls,
+)
 from prfaas.integrations.vllm.params import WIRE_DTYPES
 from prfaas.integrations.vllm.served_model import ServedModel
 from prfaas.models.card import ModelCard
@@ -71,12 +78,42 @@ class VllmEngineBackend(EngineBackend):
         KV events (kv_events.py); the router starts it."""
         if not settings(self.topology).kv_events:
             return None
+        where = self.event_endpoints()
         model, _ = self._model()
-        endpoints = {w.name: f"tcp://{w.host}:{w.events_port}" for w in self.topology.workers}
-        return VllmKvEvents(endpoints, listener, model.block_size_tokens)
+        return VllmKvEvents(where, listener, model.block_size_tokens)
+
+    def event_endpoints(self) -> dict[str, str]:
+        """Where the router subscribes to each instance's KV events (kv_events.endpoints).
+        Refused: TCP beside TLS, and an events folder another user could reach."""
+        s = settings(self.topology)
+        if s.events_dir is not None:
+            check_private(s.events_dir)
+        elif self.topology.security.tls:
+            raise tcp_beside_tls("router")
+        return {w.name: endpoints(w.name, w.host, w.events_port, s.events_dir)[1]
+                for w in self.topology.workers}
 
     def prepare(self) -> None:
         prepare(self.topology)
+
+    def launch_topology(self, local_workers: frozenset[str], run_dir: Path) -> Topology:
+        """With KV events beside TLS and no `vllm.events_dir`: a private folder for the event
+        sockets in `run_dir`, if every vLLM instance runs on this host (a unix socket does not
+        cross hosts); otherwise refused, since vLLM's TCP publisher is unauthenticated."""
+        s = settings(self.topology)
+        if not (s.kv_events and self.topology.security.tls and s.events_dir is None):
+            return self.topology
+        away = [w.name for w in self.topology.workers
+                if w.engine == "vllm" and w.name not in local_workers]
+        if away:
+            raise ConfigError("vllm.kv_events", True,
+                              f"beside security.tls KV events go over unix sockets on the "
+                              f"router's host, and {away[0]} runs elsewhere: turn kv_events "
+                              f"off or run every vLLM instance on this host")
+        folder = run_dir / "kv-events"
+        folder.mkdir(mode=0o700)
+        return dataclasses.replace(self.topology,
+                                   vllm=dataclasses.replace(s, events_dir=str(folder)))
 
     def worker_engine(self, name: str) -> NoReturn:
         exec_worker(self.topology, name)  # this process becomes the vLLM server

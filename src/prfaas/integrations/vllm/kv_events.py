@@ -1,8 +1,9 @@
 """vLLM's KV cache events -> the router's GlobalKVCacheManager (router side; no vLLM import).
 
 With `vllm: {kv_events: true}` every instance runs with `--kv-events-config` (publisher zmq,
-bound on the worker's `events_port`, topic = the worker's name), and the router subscribes to
-each (one ZMQ SUB socket per instance). A message is (topic, 8-byte big-endian sequence number,
+bound on the worker's `events_port`, or on a unix socket in `vllm.events_dir`, the only way
+beside TLS; topic = the worker's name), and the router subscribes to each (one ZMQ SUB socket
+per instance). A message is (topic, 8-byte big-endian sequence number,
 msgpack KVEventBatch [ts, events, dp_rank]); each event a map tagged `type`: BlockStored
 (block_hashes, parent_block_hash, token_ids, block_size, group_idx, kv_cache_spec_kind,
 extra_keys), BlockRemoved (block_hashes, group_idx) or AllBlocksCleared. They are translated
@@ -25,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import stat
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -37,15 +40,49 @@ from prfaas.cache.block_events import (
     EventStats,
 )
 from prfaas.cache.listener import PoolListener
+from prfaas.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
-def events_config(port: int, topic: str) -> dict[str, Any]:
-    """The instance's `--kv-events-config` (vLLM binds a PUB socket only on a wildcard
-    address: `tcp://*:PORT`, so the port is open on every interface of the instance's host)."""
-    return {"enable_kv_cache_events": True, "publisher": "zmq",
-            "endpoint": f"tcp://*:{port}", "topic": topic}
+def events_config(endpoint: str, topic: str) -> dict[str, Any]:
+    """The instance's `--kv-events-config`, publishing on `endpoint` (`endpoints`' first)."""
+    return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint,
+            "topic": topic}
+
+
+def endpoints(name: str, host: str, port: int, events_dir: str | None) -> tuple[str, str]:
+    """Where worker `name` publishes its events and where the router subscribes to them.
+    With `events_dir` (vllm_settings.py): a unix socket in it, `ipc://DIR/NAME.events`, which
+    vLLM binds. Without: TCP, which vLLM binds only on a wildcard address (`tcp://*:PORT`, the
+    port open on every interface of the instance's host)."""
+    if events_dir is not None:
+        path = f"ipc://{os.path.join(events_dir, name)}.events"
+        return path, path
+    return f"tcp://*:{port}", f"tcp://{host}:{port}"
+
+
+def check_private(events_dir: str) -> None:
+    """Refuse (ConfigError) an events folder another user could read or write: the sockets
+    carry prompts' token ids, unauthenticated, so the folder's permissions are their guard."""
+    try:
+        st = os.stat(events_dir)
+    except OSError as exc:
+        raise ConfigError("vllm.events_dir", events_dir, f"cannot be used: {exc}") from exc
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ConfigError("vllm.events_dir", events_dir,
+                          f"must be a folder of this user with mode 0700 (it is "
+                          f"{oct(st.st_mode & 0o777)}, uid {st.st_uid}): its sockets carry the "
+                          f"prompts' token ids without authentication")
+
+
+def tcp_beside_tls(worker: str) -> ConfigError:
+    """The fail-closed refusal of TCP events on a topology with TLS on."""
+    return ConfigError(f"workers.{worker}.kv_events", "tcp",
+                       "with security.tls on, vLLM's KV events (ZMQ: no TLS, no "
+                       "authentication, prompts' token ids) go only over unix sockets in a "
+                       "private vllm.events_dir; `prfaas serve` makes one when every vLLM "
+                       "instance runs on the router's host")
 
 
 def _hashable(value: object) -> Hashable:
@@ -98,7 +135,7 @@ class VllmKvEvents:
 
     def __init__(self, endpoints: Mapping[str, str], listener: PoolListener,
                  block_size_tokens: int) -> None:
-        self.endpoints = dict(endpoints)  # worker name -> tcp://host:port
+        self.endpoints = dict(endpoints)  # worker name -> tcp://host:port or ipc://path
         self.indexes = {name: EngineBlockIndex(name, listener, block_size_tokens)
                         for name in self.endpoints}
         self._last_seq: dict[str, int] = {}

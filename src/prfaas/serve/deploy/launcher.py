@@ -68,6 +68,7 @@ class Deployment:
         self.start_timeout_s = start_timeout_s
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # as started; see supervisor
         self._path = self.log_dir / "topology.resolved.yaml"
+        self._run_dir: Path | None = None  # private (0700), made by start, removed by stop
         self._echo = log
         self.supervisor = Supervisor(self._respawn, self.topology.restart, self._log)
 
@@ -94,6 +95,11 @@ class Deployment:
                 local |= {self.netns.host_ip, self.netns.ns_ip}
                 self.topology = self.requested.in_namespace(
                     self.netns.host_ip, self.netns.ns_ip).with_ports()
+            if self._run_dir is None:
+                self._run_dir = Path(tempfile.mkdtemp(prefix="prfaas-run-"))  # 0700
+            starts = frozenset(w.name for w in self.topology.workers
+                               if w.host in local and w.name not in self.external)
+            self.topology = engine_backend(self.topology).launch_topology(starts, self._run_dir)
             self.topology.dump(path)
             backend = engine_backend(self.topology)
             backend.prepare()  # e.g. vLLM: build the tiny model once, before any instance
@@ -229,6 +235,9 @@ class Deployment:
         if self.netns is not None:
             self.netns.destroy()
             self.netns = None
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = None
         if self._own_log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
