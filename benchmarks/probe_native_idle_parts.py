@@ -2,7 +2,7 @@
 how the engine profile's T_prefill(l) compares with the PrfaaS worker's own prefill.
 
 Why: sim-vs-live's idle route overhead for the PrfaaS route came out negative (-307 ms in
-sim_vs_live_native_rerun.json): lone offloaded requests finished their first token sooner
+sim_vs_live_native_rerun_before.json): lone offloaded requests finished their first token sooner
 than the simulator predicts from the profile. This probe splits each lone request, one at a
 time, into the parts the simulator models:
 - `prefill_s`: the worker's engine prefill (the reply's `prefill_s`), against the profile's
