@@ -64,15 +64,13 @@ async def _direct(s: aiohttp.ClientSession, url: str, ids: list[int]) -> float:
 
 
 async def _routed(s: aiohttp.ClientSession, url: str, ids: list[int]) -> dict[str, Any]:
+    from prfaas.bench.loadgen import sse_payloads_async
+
     body = {"model": "tiny", "prompt": ids, "max_tokens": 16, "temperature": 0,
             "stream": True, "ignore_eos": True}
     t0, ttft, info = time.perf_counter(), None, {}
     async with s.post(f"{url}/v1/completions", json=body) as r:
-        async for raw in r.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        async for chunk in sse_payloads_async(r.content):
             if chunk.get("choices") and ttft is None:
                 ttft = time.perf_counter() - t0
             info = chunk.get("prfaas", info)

@@ -172,7 +172,8 @@ LOAD_KEYS = {"offered_rps", "requests", "ttft_mape", "throughput_live_rps",
                                   "sim_vs_live_vllm_before_burst.json",
                                   "sim_vs_live_vllm_run2.json", "sim_vs_live_native.json",
                                   "sim_vs_live_native_before_burst.json",
-                                  "sim_vs_live_native_rerun.json"])
+                                  "sim_vs_live_native_rerun.json",
+                                  "sim_vs_live_native_rerun_before.json"])
 def test_committed_results_follow_the_schema_and_recompute(name: str) -> None:
     path = RESULTS / name
     assert path.exists(), f"{name}: the docs quote it, so it must be committed"

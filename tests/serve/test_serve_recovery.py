@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from serve_helpers import MODEL, THRESHOLD_TOKENS, complete, get_text, topology
 
+from prfaas.bench.loadgen import sse_payloads
 from prfaas.serve.deploy.launcher import Deployment
 
 pytestmark = pytest.mark.timeout(600)
@@ -49,11 +50,7 @@ def stream_complete(url: str, prompt: str, max_tokens: int,
     text, last = [], {}
     with urllib.request.urlopen(req, timeout=300) as resp:
         assert resp.status == 200
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_payloads(resp):
             assert "error" not in chunk, chunk
             if chunk["choices"]:  # the usage chunk (include_usage) has none
                 text.append(chunk["choices"][0]["text"])

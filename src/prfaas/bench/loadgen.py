@@ -13,13 +13,37 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
 
 from prfaas.bench.workload import BenchRequest
+
+
+def sse_payload(raw: bytes) -> dict[str, Any] | None:
+    """One line of an OpenAI-style SSE stream: its `data:` JSON object, or None for any other
+    line (blank, comment, event) and the closing `data: [DONE]`. Bad JSON raises ValueError."""
+    line = raw.decode().strip()
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return None
+    payload: dict[str, Any] = json.loads(line[6:])
+    return payload
+
+
+def sse_payloads(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The `data:` objects of a stream read line by line (e.g. a urllib response)."""
+    for raw in lines:
+        if (payload := sse_payload(raw)) is not None:
+            yield payload
+
+
+async def sse_payloads_async(lines: AsyncIterable[bytes]) -> AsyncIterator[dict[str, Any]]:
+    """The same for an aiohttp response's `content`, each object as soon as its line is in."""
+    async for raw in lines:
+        if (payload := sse_payload(raw)) is not None:
+            yield payload
 
 
 @dataclass(slots=True)
@@ -72,11 +96,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, index: int,
                 with contextlib.suppress(ValueError, AttributeError):
                     res.prfaas = dict(json.loads(text).get("prfaas") or {})  # where it went
                 return res
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            async for chunk in sse_payloads_async(resp.content):
                 if "error" in chunk:
                     res.error = str(chunk["error"].get("message", chunk["error"]))[:300]
                 if chunk.get("choices") and res.ttft_s is None:

@@ -1,9 +1,10 @@
 """Measure this engine on this machine: T_prefill(l), S_kv(l) and the decode step time by batch.
 
 The result is the profile file the planner and simulator read (see `profile_document`).
-Prompts are pseudo-random bytes from a seeded generator; times are medians of `reps` runs after
-one warm-up; decode steps run on sequences that share one prefilled prefix (shared paged
-blocks), each appending its own tail, at `context_tokens` of context.
+Prompts are pseudo-random bytes from a seeded generator; prefill times are medians of `reps`
+rounds (each round times every length once) after one warm-up; decode steps run on sequences
+that share one prefilled prefix (shared paged blocks), each appending its own tail, at
+`context_tokens` of context.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from prfaas.engine.engine import DecodeSeq, Engine, PrefillResult
+from prfaas.engine.engine import DecodeSeq, Engine
 from prfaas.models.profile import MeasuredProfile
 
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096)
@@ -45,19 +46,24 @@ def median_time_s(fn: Callable[[], object], reps: int) -> float:
 
 
 def measure_prefill(engine: Engine, lengths: tuple[int, ...], reps: int,
+                    clock: Callable[[], float] = time.perf_counter,
                     ) -> tuple[list[tuple[int, float]], list[tuple[int, int]]]:
+    """Each length's median prefill time over `reps` rounds, every round timing every length
+    once (lengths interleaved): on a shared host a slow spell then falls on one round of every
+    length, which the median drops, not on every rep of the lengths timed during it (timed
+    length after length, the longest lengths, the PrfaaS route's, came out slow together)."""
     engine.prefill(prompt_tokens(min(lengths)))  # warm-up (allocator, kernels)
-    times, sizes = [], []
-    for length in lengths:
-        ids = prompt_tokens(length, seed=length)
-        last: list[PrefillResult] = []
-
-        def run(ids: list[int] = ids, last: list[PrefillResult] = last) -> None:
-            last[:] = [engine.prefill(ids)]
-
-        times.append((length, median_time_s(run, reps)))
-        sizes.append((length, last[0].kv.byte_size()))
-    return times, sizes
+    prompts = {n: prompt_tokens(n, seed=n) for n in lengths}
+    times: dict[int, list[float]] = {n: [] for n in lengths}
+    sizes: dict[int, int] = {}
+    for _ in range(reps):
+        for n in lengths:
+            t0 = clock()
+            result = engine.prefill(prompts[n])
+            times[n].append(clock() - t0)
+            sizes[n] = result.kv.byte_size()
+    return ([(n, statistics.median(times[n])) for n in lengths],
+            [(n, sizes[n]) for n in lengths])
 
 
 def measure_decode(engine: Engine, batches: tuple[int, ...], context_tokens: int,
@@ -97,7 +103,8 @@ def cpu_model() -> str:
 def profile_document(engine: Engine, prof: EngineProfile) -> dict[str, Any]:
     """The profile in the planner's YAML format."""
     cfg = engine.config
-    how = (f"prfaas profile: engine prefill from scratch (median of {prof.reps} after a warm-up),"
+    how = (f"prfaas profile: engine prefill from scratch (median of {prof.reps} rounds over the"
+           f" lengths, after a warm-up),"
            f" S_kv = SequenceKV.byte_size (fp32), decode step = median of steps at"
            f" {prof.context_tokens} tokens of context; torch {torch.__version__};"
            f" {dt.datetime.now(dt.UTC).date().isoformat()}; config: pattern={cfg.layer_pattern}"

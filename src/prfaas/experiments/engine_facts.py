@@ -60,7 +60,7 @@ def _native_profile(topology: Any, log_dir: str) -> dict[str, Any]:
     from prfaas.serve.native import engine_config
 
     engine = Engine(engine_config(topology.model))
-    return profile_document(engine, run_profile(engine, reps=2))
+    return profile_document(engine, run_profile(engine, reps=3))
 
 
 def _vllm_profile(topology: Any, log_dir: str) -> dict[str, Any]:

@@ -24,7 +24,8 @@ import numpy as np
 
 HOW = ("client TTFT of single requests (fresh random token-id prompts, streaming, greedy, "
        "4 output tokens, ignore_eos) through the topology's router, one at a time with the "
-       "deployment otherwise idle; route = the policy's first choice")
+       "deployment otherwise idle; route = the policy's first choice; prefill_s = the "
+       "router's account of the prefill (diagnosis only)")
 OUTPUT_TOKENS = 4
 # after each request, so the next one finds every instance idle: longer than the 1 s a vLLM
 # Worker keeps spinning on its step queue after its last step (shm_broadcast.SpinCondition),
@@ -63,8 +64,11 @@ def measure_on(url: str, model: str, lengths: list[int], vocab_size: int, reps: 
             res = asyncio.run(run_load(url, model, [req], [0.0], timeout_s=300.0))[0]
             if res.ok and res.ttft_s is not None:
                 route = res.prfaas.get("first_route") or res.prfaas.get("route") or ""
+                prefill = res.prfaas.get("prefill_s")  # diagnosis only, never compared
                 points.append({"route": str(route), "length_tokens": int(n),
-                               "ttft_s": round(float(res.ttft_s), 6)})
+                               "ttft_s": round(float(res.ttft_s), 6),
+                               **({"prefill_s": round(float(prefill), 6)}
+                                  if isinstance(prefill, (int, float)) else {})})
             time.sleep(PAUSE_S)
     return points
 

@@ -10,8 +10,8 @@ Format (YAML):
     prefill: {points: [{length_tokens, time_s}, ...]}      # >= 3 points, quadratic fit
     kv: {points: [{length_tokens, bytes}, ...]}            # >= 2 points, linear fit
     decode: {bs_max, step_points: [{batch, step_s}, ...]}  # optional
-    idle_ttft: {how, points: [{route, length_tokens, ttft_s}, ...]}  # optional: a deployment's
-                                   # idle TTFT per route (experiments/idle_routes.py)
+    idle_ttft: {how, points: [{route, length_tokens, ttft_s, prefill_s?}, ...]}  # optional:
+                                   # a deployment's idle TTFT per route (experiments/idle_routes.py)
 
 A scenario refers to one with `hardware: {<hw>: {profile: PATH}}` and `kv: {profile: PATH}`.
 """
@@ -90,7 +90,8 @@ def idle_ttft_points(path: str | Path) -> list[dict[str, Any]]:
     for p in points:
         try:
             out.append({"route": str(p["route"]), "length_tokens": int(p["length_tokens"]),
-                        "ttft_s": float(p["ttft_s"])})
+                        "ttft_s": float(p["ttft_s"]),
+                        **({"prefill_s": float(p["prefill_s"])} if "prefill_s" in p else {})})
         except (KeyError, TypeError, ValueError):
             raise ConfigError(f"{path}.idle_ttft.points", p,
                               "each point needs route, length_tokens and ttft_s") from None

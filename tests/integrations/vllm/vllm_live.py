@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from prfaas.bench.loadgen import sse_payloads
 from prfaas.integrations.vllm.model_builder import ensure_model
 from prfaas.integrations.vllm.reference import deployment_with_reference, post_completion
 from prfaas.serve.deploy.launcher import Deployment
@@ -127,11 +128,7 @@ def stream_routed(url: str, prompt: list[int] | str, max_tokens: int,
     chunks = 0
     with urllib.request.urlopen(req, timeout=1200) as resp:
         assert resp.status == 200
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_payloads(resp):
             assert "error" not in chunk, chunk
             if chunk.get("choices"):
                 chunks += 1

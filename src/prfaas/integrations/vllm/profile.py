@@ -3,8 +3,8 @@ batch, in the profile format scenarios read (models/profile_file.py). Nothing he
 the instance is measured over its OpenAI API, as the deployment's router sees it.
 
 - T_prefill(l): the client's wall time of a `max_tokens: 1` completion of a fresh random
-  token-id prompt of l tokens (no prefix-cache hit), median of `reps` after a warm-up: the
-  prefill plus one sampled token and one HTTP round trip on loopback.
+  token-id prompt of l tokens (no prefix-cache hit), median of `reps` rounds over the lengths
+  after a warm-up: the prefill plus one sampled token and one HTTP round trip on loopback.
 - S_kv(l): what PrfaasConnector puts on the link for an l-token prompt, from the served model's
   KV layout (served_model.py): whole `block_size_tokens` blocks of every attention layer for
   the l - backoff tokens the producer computes (backoff 1 on a model with recurrent layers:
@@ -78,15 +78,15 @@ def measure_prefill(url: str, model: ServedModel, lengths: tuple[int, ...], reps
     vocab = model.tokenizer().vocab_size
     body = {"model": model.name, "max_tokens": 1, "temperature": 0.0}
     _post(url, {**body, "prompt": _ids(rng, min(lengths), vocab)}, timeout_s)  # warm-up
-    out = []
-    for n in lengths:
-        times = []
-        for _ in range(reps):
+    # lengths interleaved, `reps` rounds (as engine/profiler.py): a slow spell of the host
+    # lands on one round of every length, not on every rep of the lengths timed during it
+    times: dict[int, list[float]] = {n: [] for n in lengths}
+    for _ in range(reps):
+        for n in lengths:
             t0 = time.perf_counter()
             _post(url, {**body, "prompt": _ids(rng, n, vocab)}, timeout_s)
-            times.append(time.perf_counter() - t0)
-        out.append((n, statistics.median(times)))
-    return out
+            times[n].append(time.perf_counter() - t0)
+    return [(n, statistics.median(times[n])) for n in lengths]
 
 
 async def _batch_wall_s(url: str, bodies: list[dict[str, Any]], timeout_s: float
@@ -165,7 +165,8 @@ def profile_document(model: ServedModel, prof: VllmProfile, hardware: str, where
     """The profile in the planner's YAML format (models/profile_file.py)."""
     kv_dtype, state_dtype = model.dtypes()
     how = (f"prfaas profile --engine vllm: client wall time of a max_tokens=1 completion of a "
-           f"fresh random token-id prompt (median of {prof.reps} after a warm-up; prefill + one "
+           f"fresh random token-id prompt (median of {prof.reps} rounds over the lengths after a "
+           f"warm-up; prefill + one "
            f"token + loopback HTTP); S_kv = PrfaasConnector's layout (whole "
            f"{model.block_size_tokens}-token blocks of the attention layers for l-backoff "
            f"tokens, {kv_dtype} KV, {state_dtype} recurrent state once, meta); decode step = "
