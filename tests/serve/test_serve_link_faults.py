@@ -98,7 +98,9 @@ def _under_load(dep: Deployment, fault: Fault, seconds: float, rate_per_s: float
 
 @needs_netns
 @pytest.mark.parametrize("fault", [
-    Fault("partition", start_s=2.0, duration_s=3.0),
+    # 5 s: the health check needs 2 failed probes (1 s timeout, 0.3 s apart, ~2.3 s) to call
+    # the worker down; at 3 s a loaded host once saw no transition (load average 7 on 2 cores)
+    Fault("partition", start_s=2.0, duration_s=5.0),
     Fault("rate-drop", start_s=2.0, duration_s=4.0, factor=10.0),
     Fault("flap", start_s=2.0, duration_s=4.0, period_s=1.0),
     Fault("rtt", start_s=2.0, duration_s=4.0, delay_ms=30.0),
