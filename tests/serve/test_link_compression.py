@@ -96,8 +96,8 @@ def test_router_prior_and_live_plan_use_the_measured_ratio(
 
 def test_metrics_count_the_wire_bytes_beside_the_kv_bytes() -> None:
     """/metrics: prfaas_kv_wire_bytes_total counts what crossed the link as the worker reported
-    it, prfaas_kv_bytes_total the KV itself; a worker that reports no wire bytes (the vLLM
-    connector: its reply comes before its sender has finished) counts its KV bytes in both."""
+    it, prfaas_kv_bytes_total the KV itself; an attempt that reports no wire bytes (a vLLM
+    decoder whose stream carried no count) counts its KV bytes in both."""
     service = RouterService(topology())
     reply = cast(Reply, None)  # not read without a first token
     service._count(Outcome(route="prfaas", kv_bytes=1000, kv_wire_bytes=800), "ok", 0.0,

@@ -36,6 +36,9 @@ class ReceivedKV:
     first_byte_s: float
     complete_s: float
     manifest: bytes = b""  # what the sender's first END carried (serve/worker/manifest.py reads it)
+    # DATA payload bytes as they crossed the link (compressed where they were): what the
+    # sender's `finish` returned for this request; `num_bytes` is the tensors' bytes
+    wire_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -60,6 +63,7 @@ class Assembly:
     tensors: dict[tuple[int, str], _Tensor] = field(default_factory=dict)
     ends: dict[int, EndInfo] = field(default_factory=dict)
     received_bytes: int = 0
+    wire_bytes: int = 0  # DATA payload bytes on the wire (compressed or not), `count_wire`
     first_byte_s: float | None = None
     result: ReceivedKV | None = None
     error: TransportError | None = None
@@ -100,6 +104,11 @@ class Assembly:
             raise TransportError(f"allocate({nbytes}) returned {buf.dtype}{list(buf.shape)}; "
                                  f"need a writable contiguous uint8[{nbytes}]")
         return buf
+
+    def count_wire(self, h: FrameHeader) -> None:
+        """Count a DATA frame's payload as it travels (`h`: its header on the wire)."""
+        with self.lock:
+            self.wire_bytes += h.chunk_bytes
 
     def chunk_done(self, h: FrameHeader) -> np.ndarray | None:
         """Count a received chunk; returns the tensor when its last byte has arrived."""
@@ -150,5 +159,6 @@ class Assembly:
         bf16 = frozenset(k for k, t in self.tensors.items() if t.header.dtype == DType.BFLOAT16)
         now_s = time.monotonic()
         self.result = ReceivedKV(self.request_id, layers, kinds, bf16, self.received_bytes,
-                                 self.first_byte_s or now_s, now_s, self.ends[0].manifest)
+                                 self.first_byte_s or now_s, now_s, self.ends[0].manifest,
+                                 self.wire_bytes)
         self.done.set()

@@ -11,7 +11,9 @@ that typed error, the requests that were in flight on it; the server keeps servi
 frames an idle connection may wait `idle_timeout_s` (None: forever, a pooled link is not a
 transfer); once a frame has begun, or while a request is open on the connection, every read is
 bounded by `frame_timeout_s`.
-`wait_request` is the consumer's side: it returns the `ReceivedKV` or raises the request's error.
+`wait_request` is the consumer's side: it returns the `ReceivedKV` or raises the request's error;
+its `wire_bytes` are the request's DATA payload bytes as they crossed (what the sender's
+`finish` returned), `num_bytes` its tensors' bytes.
 With `tls` (a server ssl.SSLContext that requires client certificates) every connection must
 complete a TLS handshake first, and `accept_peer(name)` may refuse a certificate's name; a
 refused peer is logged with its address and counted in `stats.tls_refused`. Payload checksums
@@ -376,7 +378,9 @@ class KVReceiver:
 
     def _into(self, asm: Assembly, h: FrameHeader, conn: _Conn) -> memoryview:
         """Where `h`'s payload is received: its tensor's slice, or for a compressed payload
-        the connection's scratch buffer (`_land` decompresses it into the slice)."""
+        the connection's scratch buffer (`_land` decompresses it into the slice). Every live
+        DATA frame passes here once with its header as it travelled: its wire bytes count."""
+        asm.count_wire(h)
         if not h.codec:
             return asm.target(h)
         if len(conn.scratch) < h.chunk_bytes:

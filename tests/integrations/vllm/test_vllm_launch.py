@@ -57,9 +57,13 @@ def test_env_values_parse_or_fail_with_the_value() -> None:
             parse_idle_spin(bad)
 
 
-def test_the_spec_runs_our_launcher_only_when_it_sets_a_spin() -> None:
+def test_the_spec_runs_our_launcher_only_when_it_sets_a_spin_or_receives_kv() -> None:
     plain, spun = VllmSpec("m", 1), VllmSpec("m", 1, idle_spin_s=0.01)
     assert plain.command()[2] == SERVER_MODULE and IDLE_SPIN_ENV not in plain.environ()
+    assert VllmSpec("m", 1, kv_role="kv_producer").command()[2] == SERVER_MODULE
+    # a decoder's stream ends with its KV's wire-byte count (stream_params.py), no spin set
+    receiver = VllmSpec("m", 1, kv_role="kv_consumer")
+    assert receiver.command()[2] == LAUNCH_MODULE and IDLE_SPIN_ENV not in receiver.environ()
     assert spun.command()[2] == LAUNCH_MODULE and spun.environ()[IDLE_SPIN_ENV] == "0.01"
     assert parse_idle_spin(spun.environ()[IDLE_SPIN_ENV]) == 0.01  # what the launcher reads
     assert spun.command()[3:] == plain.command()[3:]  # the same vLLM arguments

@@ -429,8 +429,9 @@ def _metric(url: str, name: str, **labels: str) -> float:
 def test_cache_aware_controller_on_vllm_counts_connector_bytes(live: dict) -> None:
     """The cache-aware policy under the threshold controller, on the vLLM instances: every
     PrfaaS transfer's `kv_bytes` is the producer connector's count and equals what the
-    decoder's receiver traced for that transfer (an independent count); /metrics' inter-DC
-    bytes are their sum, and the controller's egress (the link monitor the router feeds with
+    decoder's receiver traced for that transfer (an independent count), and so is the
+    decoder's `kv_wire_bytes` (no compression here); /metrics' inter-DC bytes are their sum,
+    and the controller's egress (the link monitor the router feeds with
     those bytes) is non-zero after a transfer."""
     dep = live["dep"]
     router = ExtraRouter(dep, live["logs"], "controlled", policy="cache-aware+controller",
@@ -453,9 +454,13 @@ def test_cache_aware_controller_on_vllm_counts_connector_bytes(live: dict) -> No
             print(f"\n{len(prompt)} tokens: kv_bytes {p['kv_bytes']}, received {received}, "
                   f"size model {model_bytes}, egress {egress[-1]:.4f} Gb/s")
             assert p["kv_bytes"] == received > 0, (p, received)
+            # the decoder's count of the wire bytes, from its stream's last event
+            # (stream_params.py): on this uncompressed link, the tensors' bytes
+            assert p["kv_wire_bytes"] == p["kv_bytes"], p
             shipped.append(p["kv_bytes"])
         assert shipped, "no request took the PrfaaS route"
         assert _metric(router.url, "prfaas_kv_bytes_total", link="inter_dc") == sum(shipped)
+        assert _metric(router.url, "prfaas_kv_wire_bytes_total", link="inter_dc") == sum(shipped)
         assert max(egress) > 0, egress
     finally:
         router.stop()

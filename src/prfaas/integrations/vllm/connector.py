@@ -143,10 +143,9 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):
         return KVConnectorTransferResults(finished_recving=finished, failed_recving=failed)
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
-        if self._w().send is None:
-            return None
-        sent = self._w().take_sent_bytes()
-        return PrfaasWorkerMeta(sent) if sent else None
+        sent = self._w().take_sent_bytes() if self._w().send is not None else {}
+        wire = self._w().take_received_wire_bytes() if self._w().recv is not None else {}
+        return PrfaasWorkerMeta(sent, wire) if sent or wire else None
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)

@@ -1,4 +1,5 @@
-"""`python -m prfaas.integrations.vllm.launch ARGS`: vLLM's OpenAI server, with its idle spin set.
+"""`python -m prfaas.integrations.vllm.launch ARGS`: vLLM's OpenAI server, with its idle spin set
+and (stream_params.py) a streamed completion's prfaas `kv_transfer_params` as its last event.
 
 After every read of its shared-memory queue a vLLM reader (the Worker waiting for the next
 step, the EngineCore waiting for the Worker's answer) spins with sched_yield for
@@ -70,4 +71,7 @@ apply_from_env()  # the server, and every process vLLM spawns from it (module do
 if __name__ == "__main__":
     from vllm.entrypoints.launchers.api_server.entry import main
 
+    from prfaas.integrations.vllm import stream_params
+
+    stream_params.install()  # the API server only: a decode's streamed wire-byte count
     main()

@@ -8,6 +8,8 @@ is asyncio. Each side runs its own event loop in a daemon thread:
   fails the transfers that used it and the next transfer reconnects.
 - `RecvLink` runs a `KVReceiver`; every complete tensor goes to `on_tensor` (in the receiver's
   thread) and every expected transfer ends as one `Result` (ok, or the transport's error).
+A finished transfer's `Result.wire_bytes` is what crossed the link (DATA payload bytes,
+compressed where they were): the sender's `finish` count on one side, the receiver's on the other.
 Both keep results in thread-safe lists that the connector drains once per engine step.
 """
 
@@ -63,6 +65,9 @@ class Result:
     done_s: float  # time.monotonic() at the end: one clock for every process of a host
     first_s: float | None = None  # first tensor queued (sender) / first byte in (receiver)
     manifest: bytes = b""  # (receiver) what the sender's END carried
+    # DATA payload bytes that crossed the link (compressed where they were): what the sender's
+    # `finish` returned / the receiver counted; None: the transfer failed
+    wire_bytes: int | None = None
 
 
 class _Loop:
@@ -159,8 +164,8 @@ class SendLink(_Loop):
                                             bfloat16=item.bfloat16)
                 elif isinstance(item, Finish):
                     open_tids.discard(tid)
-                    await sender.finish(tid, manifest=item.manifest)
-                    self._end(tid, None)
+                    wire = await sender.finish(tid, manifest=item.manifest)
+                    self._end(tid, None, wire)
                 else:
                     open_tids.discard(tid)
                     await sender.abort(tid, item.reason)
@@ -185,8 +190,9 @@ class SendLink(_Loop):
                                 "topology: nothing sent")
         return KVSender(dest[0], dest[1], config, tls=self.tls, server_name=name)
 
-    def _end(self, tid: int, error: str | None) -> None:
-        self.push(Result(tid, error, time.monotonic(), self._first.pop(tid, None)))
+    def _end(self, tid: int, error: str | None, wire_bytes: int | None = None) -> None:
+        self.push(Result(tid, error, time.monotonic(), self._first.pop(tid, None),
+                         wire_bytes=wire_bytes))
 
 
 class RecvLink(_Loop):
@@ -222,7 +228,8 @@ class RecvLink(_Loop):
     async def _wait(self, tid: int, timeout_s: float) -> None:
         try:
             kv = await self.receiver.wait_request(tid, timeout_s)
-            self.push(Result(tid, None, time.monotonic(), kv.first_byte_s, kv.manifest))
+            self.push(Result(tid, None, time.monotonic(), kv.first_byte_s, kv.manifest,
+                             kv.wire_bytes))
         except TransportError as exc:
             self.push(Result(tid, f"{type(exc).__name__}: {exc}", time.monotonic()))
         finally:

@@ -53,16 +53,24 @@ class LoadJob:
 @dataclass(slots=True)
 class PrfaasWorkerMeta(KVConnectorWorkerMetadata):
     """Worker -> scheduler: payload bytes each finished prefill handed to the link (counted
-    tensor by tensor as they were queued: meta, blocks, states)."""
+    tensor by tensor as they were queued: meta, blocks, states), and (consumer) the bytes each
+    valid load took on the wire, compressed where they were (the receiver's count)."""
 
     sent_bytes: dict[str, int] = field(default_factory=dict)  # request id -> bytes
+    received_wire_bytes: dict[str, int] = field(default_factory=dict)  # request id -> bytes
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, PrfaasWorkerMeta)
-        merged = dict(self.sent_bytes)
-        for req_id, n in other.sent_bytes.items():  # tensor-parallel workers: their shards
-            merged[req_id] = merged.get(req_id, 0) + n
-        return PrfaasWorkerMeta(merged)
+        # tensor-parallel workers: each counts its shards, the request's total is the sum
+        return PrfaasWorkerMeta(_summed(self.sent_bytes, other.sent_bytes),
+                                _summed(self.received_wire_bytes, other.received_wire_bytes))
+
+
+def _summed(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    merged = dict(a)
+    for req_id, n in b.items():
+        merged[req_id] = merged.get(req_id, 0) + n
+    return merged
 
 
 @dataclass(slots=True)

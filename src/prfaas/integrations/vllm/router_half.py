@@ -12,6 +12,9 @@ Cache state: every full block of a prompt an instance computed or received is in
 cache afterwards (vLLM caches them all), so the backend reports those hashes as inserts -
 unless the instances publish their KV events (`vllm.kv_events`, kv_events.py), which then are
 the only source (`report_inserts=False`): they also report evictions.
+Bytes: the prefill's reply carries the tensor bytes its connector queued (`kv_bytes`); the
+decode stream's last event carries the bytes the load took on the wire (`kv_wire_bytes`,
+compressed where they were: stream_params.py), which the dispatcher counts as the link's egress.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from prfaas.cache import chain_hashes
-from prfaas.integrations.vllm.params import RecvParams, SendParams
+from prfaas.integrations.vllm.params import KEY, RecvParams, SendParams
 from prfaas.serve.router.backends.base import (
     Attempt,
     AttemptFailed,
@@ -89,6 +92,7 @@ class VllmBackend(WorkerBackend):
                 async for event in _events(resp, prefill, a, dec.name, progress):
                     if event.get("error"):
                         raise AttemptFailed(f"decode {dec.name}: {event['error']}", emitted)
+                    _wire_bytes(event, report)
                     for token in self._tokens(event, report):
                         emitted = progress[0] = True
                         yield token
@@ -166,6 +170,13 @@ class VllmBackend(WorkerBackend):
         report.kv_bytes = (int(counted) if counted is not None else
                            int(len(a.token_ids) * self.kv_bytes_per_token + self.kv_fixed_bytes))
         report.cache_deltas.append((pre.name, self._inserted(a.token_ids)))
+
+
+def _wire_bytes(event: dict[str, Any], report: AttemptReport) -> None:
+    """The decode stream's last event (stream_params.py): what its KV took on the wire."""
+    counted = ((event.get("kv_transfer_params") or {}).get(KEY) or {}).get("kv_wire_bytes")
+    if counted is not None:
+        report.kv_wire_bytes = int(counted)
 
 
 async def _events(resp: aiohttp.ClientResponse, prefill: asyncio.Task[None], a: Attempt,

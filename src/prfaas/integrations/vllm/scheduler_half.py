@@ -6,7 +6,9 @@ that computes part of the prompt yields a `SaveJob` naming the blocks completed 
 so chunked prefill streams chunk by chunk. Decode instance (`role: recv`): the prompt's tokens
 beyond the local prefix hit are an asynchronous external hit; the request waits in
 WAITING_FOR_REMOTE_KVS while the engine keeps serving others, and a `LoadJob` hands its
-destination blocks to the worker half.
+destination blocks to the worker half. Byte counts leave in `request_finished`'s params: a
+prefill's tensor bytes as queued (`kv_bytes`), a decode's wire bytes as its load received them
+(`kv_wire_bytes`, compressed where they were: the producer answers before its sender is done).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class _Receiving:
     local_hit: int = 0
     started: bool = False  # a LoadJob went out; the worker reports its end
     done: bool = False
+    wire_bytes: int | None = None  # what the valid load took on the link (the worker's count)
 
 
 @dataclass(slots=True)
@@ -173,6 +176,10 @@ class SchedulerHalf:
         if isinstance(meta, PrfaasWorkerMeta):
             self._sent_bytes.update((r, n) for r, n in meta.sent_bytes.items()
                                     if r in self._sending)
+            for req_id, n in meta.received_wire_bytes.items():
+                got = self._receiving.get(req_id)
+                if got is not None:
+                    got.wire_bytes = n
         for req_id in output.finished_recving or ():
             rx = self._receiving.get(req_id)
             if rx is not None:
@@ -191,5 +198,9 @@ class SchedulerHalf:
         if rx is not None and rx.started and not rx.done:
             self._aborted.append(rx.params.transfer_id)
         sent = self._sent_bytes.pop(request.request_id, None)
-        # the prefill's reply carries the bytes its KV transfer queued on the link
-        return False, (None if sent is None else {KEY: {"kv_bytes": sent}})
+        if sent is not None:  # the prefill's reply: the bytes its KV transfer queued
+            return False, {KEY: {"kv_bytes": sent}}
+        if rx is not None and rx.wire_bytes is not None:
+            # the decode's: what its KV took on the wire (the stream's last event, stream.py)
+            return False, {KEY: {"kv_wire_bytes": rx.wire_bytes}}
+        return False, None

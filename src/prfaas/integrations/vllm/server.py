@@ -2,7 +2,8 @@
 
 `VllmInstance(spec).start()` spawns `python -m vllm.entrypoints.openai.api_server` (the module
 form works without the `vllm` metadata shim; `launch.py` in its place when the spec sets vLLM's
-idle spin, `idle_spin_s`) in its own process group, logs to a file, and
+idle spin, `idle_spin_s`, or receives KV: stream_params.py) in its own process group, logs to a
+file, and
 waits until `/v1/models` answers (every probe has a timeout: a probe without one was seen to
 hang for minutes). `stop()` sends SIGTERM to the group (API server, EngineCore and Worker),
 waits, then SIGKILLs it. Nothing here imports vLLM: the router and tests use it too.
@@ -85,8 +86,10 @@ class VllmSpec:
         return cmd
 
     def server_module(self) -> str:
-        """vLLM's server module, or ours (launch.py: vLLM's server with its idle spin set)."""
-        return SERVER_MODULE if self.idle_spin_s is None else LAUNCH_MODULE
+        """vLLM's server module, or ours (launch.py: vLLM's server with its idle spin set, and
+        for an instance that receives KV, its wire-byte count at the end of each stream)."""
+        receives = self.kv_role in ("kv_consumer", "kv_both")
+        return LAUNCH_MODULE if self.idle_spin_s is not None or receives else SERVER_MODULE
 
     def cpu_set(self) -> set[int] | None:
         """The CPUs the whole instance runs on (API server, EngineCore, Worker and their

@@ -122,6 +122,8 @@ class WorkerHalf:
         self._last_conv: dict[int, torch.Tensor] = {}  # layer -> last conv received (bytes)
         self._queued_bytes: dict[int, int] = {}  # transfer -> payload bytes queued so far
         self._sent_bytes: dict[str, int] = {}  # finished prefills' totals, until reported
+        # consumer: loads that finished valid -> the wire bytes they took, until reported
+        self._received_wire_bytes: dict[str, int] = {}
         # full-attention KV on the wire (the topology link's `wire_dtype`; None: as cached)
         self.wire_dtype = connector_wire_dtype(extra.get("wire_dtype"),
                                                "kv_connector_extra_config.wire_dtype")
@@ -296,7 +298,8 @@ class WorkerHalf:
             self.send.submit(dest, Abort(tid, "the prefill request ended before its prompt"),
                              rate)
         for r in self.send.drain():
-            self.trace(side="send", tid=r.transfer_id, ev="sent", error=r.error, done=r.done_s)
+            self.trace(side="send", tid=r.transfer_id, ev="sent", error=r.error, done=r.done_s,
+                       wire=r.wire_bytes)
 
     def _manifest(self, job: SaveJob, fault: str | None) -> bytes:
         ledger = self._ledgers.pop(job.transfer_id, sec.Ledger())
@@ -488,9 +491,17 @@ class WorkerHalf:
             finished.add(inc.job.req_id)
             if why is not None:
                 failed.add(inc.job.req_id)
+            elif r.wire_bytes is not None:
+                self._received_wire_bytes[inc.job.req_id] = r.wire_bytes
             self.trace(side="recv", tid=r.transfer_id, ev="done", error=why,
-                       first=inc.first_s, done=r.done_s, bytes=inc.nbytes)
+                       first=inc.first_s, done=r.done_s, bytes=inc.nbytes, wire=r.wire_bytes)
         return finished, failed
+
+    def take_received_wire_bytes(self) -> dict[str, int]:
+        """Loads finished valid since the last call: request id -> the bytes that crossed the
+        link for it (compressed where they were; build_connector_worker_meta)."""
+        out, self._received_wire_bytes = self._received_wire_bytes, {}
+        return out
 
     def shutdown(self) -> None:
         for link in (self.send, self.recv):
