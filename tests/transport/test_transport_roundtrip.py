@@ -203,3 +203,24 @@ def test_two_senders_on_one_bucket_share_the_link_rate() -> None:
 
     elapsed_s = asyncio.run(asyncio.wait_for(body(), 20))
     assert elapsed_s >= 0.9 * (4 << 20) / 20e6  # together, not each, at the link rate
+
+
+def test_send_array_lets_the_connections_start_before_the_next_tensor() -> None:
+    """A caller queueing a whole request in a row: the first tensor's chunks are taken up by
+    the idle connections' pumps before send_array returns, instead of `max_inflight_bytes`
+    queueing first (issue 23: the first byte left 2-11 ms into a transfer). Deterministic:
+    one loop, no timing (the pumps wait in queue.get, their wake-ups run at the yield)."""
+    async def body() -> None:
+        async with KVReceiver() as rx:
+            cfg = SenderConfig(num_connections=2, chunk_bytes=64 << 10)
+            async with KVSender("127.0.0.1", rx.port, cfg) as tx:
+                await tx.send_array(5, 0, "mla", "kv", np.ones(128 << 10, np.uint8))
+                # both chunks were handed to a pump (none still queued); the old code: 2
+                assert [s.queue.qsize() for s in tx._streams] == [0, 0]
+                for layer in range(1, 4):
+                    await tx.send_array(5, layer, "mla", "kv", np.ones(128 << 10, np.uint8))
+                await tx.finish(5)
+                kv = await rx.wait_request(5, timeout_s=10)
+        assert len(kv.layers) == 4
+
+    run(body())

@@ -80,7 +80,7 @@ class Channel:
     @contextlib.contextmanager
     def thread_io(self) -> Iterator[None]:
         """Around a worker thread's `*_sync` calls: the socket blocks (in slices) meanwhile."""
-        self.sock.setblocking(True)
+        self._block_in_slices()
         try:
             yield
         finally:
@@ -88,22 +88,29 @@ class Channel:
                 with contextlib.suppress(OSError):
                     self.sock.setblocking(False)
 
+    def _block_in_slices(self) -> None:
+        self.sock.setblocking(True)  # (SO_RCVTIMEO/SO_SNDTIMEO, set at construction, slice it)
+
     def recv_exactly_sync(self, view: memoryview, timeout_s: float) -> int:
-        """Fill `view`; returns the bytes read, fewer only at EOF. Raises TimeoutError.
-        One recv(MSG_WAITALL) per slice: the kernel fills the whole view before it returns."""
+        """Fill `view`; returns the bytes read, fewer only at EOF. Raises TimeoutError."""
         deadline, got = time.monotonic() + timeout_s, 0
         while got < len(view):
             self._check_open()
-            try:
-                n = self.sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
-            except (BlockingIOError, InterruptedError):  # a slice passed with nothing
-                n = -1
+            n = self._recv_slice(view[got:])
             if n == 0:
                 break
             got += max(n, 0)
             if got < len(view) and time.monotonic() > deadline:
                 raise TimeoutError("socket I/O timed out")
         return got
+
+    def _recv_slice(self, view: memoryview) -> int:
+        """One blocking receive of at most a slice: bytes read, 0 at EOF, -1 when the slice
+        passed with nothing. One recv(MSG_WAITALL): the kernel fills the whole view first."""
+        try:
+            return self.sock.recv_into(view, 0, socket.MSG_WAITALL)
+        except (BlockingIOError, InterruptedError):
+            return -1
 
     def send_parts_sync(self, parts: list[bytes | memoryview], timeout_s: float) -> None:
         """Write every part in order, sendmsg (gather, no concatenation) until all are out."""
@@ -227,37 +234,21 @@ class TlsChannel(Channel):
 
     # --- worker-thread side ---
 
-    @contextlib.contextmanager
-    def thread_io(self) -> Iterator[None]:
+    def _block_in_slices(self) -> None:
         """A timeout, not plain blocking: OpenSSL's want-read/want-write retries then wait in
         C with the GIL released, and a slice with nothing moved raises TimeoutError (a
         blocking SSLSocket would retry forever inside one call, deaf to close and deadline)."""
         self.sock.settimeout(_SLICE_S)
-        try:
-            yield
-        finally:
-            if not self.closed:
-                with contextlib.suppress(OSError):
-                    self.sock.setblocking(False)
 
-    def recv_exactly_sync(self, view: memoryview, timeout_s: float) -> int:
-        deadline, got = time.monotonic() + timeout_s, 0
-        while got < len(view):
-            self._check_open()
-            try:
-                n = self.sock.recv_into(view[got:])
-            except TimeoutError:  # a slice passed with no record
-                n = -1
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                n = 0
-            except ssl.SSLError as exc:
-                raise ConnectionError(f"TLS record from peer: {exc.reason or exc}") from exc
-            if n == 0:
-                break
-            got += max(n, 0)
-            if got < len(view) and time.monotonic() > deadline:
-                raise TimeoutError("socket I/O timed out")
-        return got
+    def _recv_slice(self, view: memoryview) -> int:
+        try:
+            return self.sock.recv_into(view)
+        except TimeoutError:  # a slice passed with no record
+            return -1
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            return 0
+        except ssl.SSLError as exc:
+            raise ConnectionError(f"TLS record from peer: {exc.reason or exc}") from exc
 
     def send_parts_sync(self, parts: list[bytes | memoryview], timeout_s: float) -> None:
         """Each part in one SSL_write (GIL released while OpenSSL encrypts and writes)."""
