@@ -312,3 +312,40 @@ def test_idle_points_are_read_with_a_clear_error_on_a_bad_one(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="length_tokens"):
         idle_ttft_points(bad)
     load_profile_file(path)  # the planner's reader accepts the section
+
+
+def test_topology_cores_become_the_simulators_shared_groups(tmp_path: Path) -> None:
+    from prfaas.serve.cores import shared_core_groups
+
+    vtopo = load_topology(str(Path(__file__).parents[2] / "topologies" / "vllm-local.yaml"))
+    bare = profile_path("cpu-tiny").resolve()
+    sharing = svl.core_sharing(vtopo, bare)
+    assert sharing["groups"] == [["prfaas-0", "pdp-0"]]  # both pinned to core 0
+    assert sharing["sim_groups"] == [["prfaas-p0000", "pd-p0000"]]
+    assert sharing["factor"] == 2.0 and "default" in sharing["factor_source"]
+    doc = yaml.safe_load(bare.read_text())
+    doc["core_sharing"] = {"how": "test", "factor": 1.7, "points": []}
+    measured = tmp_path / "measured.yaml"
+    measured.write_text(yaml.safe_dump(doc))
+    assert svl.core_sharing(vtopo, measured)["factor"] == 1.7
+    # negative control: the native topology pins nothing, so nothing is shared
+    topo = load_topology()
+    assert svl.core_sharing(topo, measured)["sim_groups"] == []
+    ws = [type("W", (), {"name": n, "cores": c})() for n, c in
+          (("a", "0-1"), ("b", "2"), ("c", "1"), ("d", None), ("e", "3"), ("f", "3"))]
+    assert shared_core_groups(ws) == [("a", "c"), ("e", "f")]
+
+
+def test_shared_cores_slow_only_overlapping_prefills_in_sim_vs_live() -> None:
+    topo = load_topology()
+    pinned = replace(topo, workers=tuple(
+        replace(w, cores="0" if w.role in ("prfaas", "pd-p") else "1") for w in topo.workers))
+    raw = svl.scenario_dict(topo, profile_path("cpu-tiny").resolve(), svl.QUICK, 16384)
+    w = svl.workloads(svl.QUICK, svl.lengths_for(svl.QUICK, 16384), 1.0)[1]
+    sharing = svl.core_sharing(pinned, None)
+    assert sharing["sim_groups"] and sharing["factor"] == 2.0
+    plain, cfg0 = svl.simulate_side(topo, raw, w, 12)
+    shared, cfg = svl.simulate_side(pinned, raw, w, 12, sharing=sharing)
+    assert "core_groups" not in cfg0 and cfg["core_share_factor"] == 2.0
+    slower = shared.ttft_s - plain.ttft_s
+    assert np.all(slower >= -1e-9) and np.any(slower > 1e-3)  # overlaps cost (here none gains)
