@@ -165,7 +165,10 @@ LOAD_KEYS = {"offered_rps", "requests", "ttft_mape", "throughput_live_rps",
              "throughput_sim_rps", "route_agreement"}
 
 
-@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_spin_run2.json",
+@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_shared_run2.json",
+                                  "sim_vs_live_vllm_shared_run3.json",
+                                  "sim_vs_live_vllm_spin_run1.json",
+                                  "sim_vs_live_vllm_spin_run2.json",
                                   "sim_vs_live_vllm_spin_run3.json",
                                   "sim_vs_live_vllm_before_spin.json",
                                   "sim_vs_live_vllm_before_pin.json",
@@ -189,6 +192,12 @@ def test_committed_results_follow_the_schema_and_recompute(name: str) -> None:
             float(np.mean(np.abs(sim[ok] - live[ok]) / live[ok])), abs=2e-4)
         agree = np.mean(np.array(pr["remote_live"]) == np.array(pr["remote_sim"]))
         assert load["route_agreement"] == pytest.approx(agree, abs=1e-4)
+        if "ttft_sim_without_core_sharing_s" in pr:  # runs with shared cores modelled
+            alt = np.array([np.nan if v is None else v
+                            for v in pr["ttft_sim_without_core_sharing_s"]])
+            ok = np.isfinite(live) & np.isfinite(alt)
+            assert load["ttft_mape_without_core_sharing"] == pytest.approx(
+                float(np.mean(np.abs(alt[ok] - live[ok]) / live[ok])), abs=2e-4)
 
 
 def test_run_writes_the_schema_end_to_end_with_a_stand_in_live_world(
@@ -328,6 +337,10 @@ def test_topology_cores_become_the_simulators_shared_groups(tmp_path: Path) -> N
     measured = tmp_path / "measured.yaml"
     measured.write_text(yaml.safe_dump(doc))
     assert svl.core_sharing(vtopo, measured)["factor"] == 1.7
+    doc["core_sharing"]["factor"] = 0.4  # a speed-up is no measurement of sharing
+    measured.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"core_sharing\.factor"):
+        svl.core_sharing(vtopo, measured)
     # negative control: the native topology pins nothing, so nothing is shared
     topo = load_topology()
     assert svl.core_sharing(topo, measured)["sim_groups"] == []
