@@ -255,7 +255,8 @@ def core_sharing(topology: Any, profile: Path | None) -> dict[str, Any]:
             "sim_groups": [[sim_id[n] for n in g] for g in groups],
             "factor": measured if measured is not None else PHYSICAL_FACTOR,
             "factor_source": "measured (profile core_sharing)" if measured is not None
-            else "physical default (processor sharing, no measurement)",
+            else "physical default (processor sharing, no measurement)" if groups
+            else "unused (no prefill workers share cores)",
             "decode_sharing_not_modelled": [list(g) for g in decode]}
 
 
