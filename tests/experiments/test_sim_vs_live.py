@@ -165,7 +165,10 @@ LOAD_KEYS = {"offered_rps", "requests", "ttft_mape", "throughput_live_rps",
              "throughput_sim_rps", "route_agreement"}
 
 
-@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_spin_run2.json",
+@pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_shared_run2.json",
+                                  "sim_vs_live_vllm_shared_run3.json",
+                                  "sim_vs_live_vllm_spin_run1.json",
+                                  "sim_vs_live_vllm_spin_run2.json",
                                   "sim_vs_live_vllm_spin_run3.json",
                                   "sim_vs_live_vllm_before_spin.json",
                                   "sim_vs_live_vllm_before_pin.json",
@@ -190,6 +193,12 @@ def test_committed_results_follow_the_schema_and_recompute(name: str) -> None:
             float(np.mean(np.abs(sim[ok] - live[ok]) / live[ok])), abs=2e-4)
         agree = np.mean(np.array(pr["remote_live"]) == np.array(pr["remote_sim"]))
         assert load["route_agreement"] == pytest.approx(agree, abs=1e-4)
+        if "ttft_sim_without_core_sharing_s" in pr:  # runs with shared cores modelled
+            alt = np.array([np.nan if v is None else v
+                            for v in pr["ttft_sim_without_core_sharing_s"]])
+            ok = np.isfinite(live) & np.isfinite(alt)
+            assert load["ttft_mape_without_core_sharing"] == pytest.approx(
+                float(np.mean(np.abs(alt[ok] - live[ok]) / live[ok])), abs=2e-4)
 
 
 def test_run_writes_the_schema_end_to_end_with_a_stand_in_live_world(
@@ -313,3 +322,44 @@ def test_idle_points_are_read_with_a_clear_error_on_a_bad_one(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="length_tokens"):
         idle_ttft_points(bad)
     load_profile_file(path)  # the planner's reader accepts the section
+
+
+def test_topology_cores_become_the_simulators_shared_groups(tmp_path: Path) -> None:
+    from prfaas.serve.cores import shared_core_groups
+
+    vtopo = load_topology(str(Path(__file__).parents[2] / "topologies" / "vllm-local.yaml"))
+    bare = profile_path("cpu-tiny").resolve()
+    sharing = svl.core_sharing(vtopo, bare)
+    assert sharing["groups"] == [["prfaas-0", "pdp-0"]]  # both pinned to core 0
+    assert sharing["sim_groups"] == [["prfaas-p0000", "pd-p0000"]]
+    assert sharing["factor"] == 2.0 and "default" in sharing["factor_source"]
+    doc = yaml.safe_load(bare.read_text())
+    doc["core_sharing"] = {"how": "test", "factor": 1.7, "points": []}
+    measured = tmp_path / "measured.yaml"
+    measured.write_text(yaml.safe_dump(doc))
+    assert svl.core_sharing(vtopo, measured)["factor"] == 1.7
+    doc["core_sharing"]["factor"] = 0.4  # a speed-up is no measurement of sharing
+    measured.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"core_sharing\.factor"):
+        svl.core_sharing(vtopo, measured)
+    # negative control: the native topology pins nothing, so nothing is shared
+    topo = load_topology()
+    assert svl.core_sharing(topo, measured)["sim_groups"] == []
+    ws = [type("W", (), {"name": n, "cores": c})() for n, c in
+          (("a", "0-1"), ("b", "2"), ("c", "1"), ("d", None), ("e", "3"), ("f", "3"))]
+    assert shared_core_groups(ws) == [("a", "c"), ("e", "f")]
+
+
+def test_shared_cores_slow_only_overlapping_prefills_in_sim_vs_live() -> None:
+    topo = load_topology()
+    pinned = replace(topo, workers=tuple(
+        replace(w, cores="0" if w.role in ("prfaas", "pd-p") else "1") for w in topo.workers))
+    raw = svl.scenario_dict(topo, profile_path("cpu-tiny").resolve(), svl.QUICK, 16384)
+    w = svl.workloads(svl.QUICK, svl.lengths_for(svl.QUICK, 16384), 1.0)[1]
+    sharing = svl.core_sharing(pinned, None)
+    assert sharing["sim_groups"] and sharing["factor"] == 2.0
+    plain, cfg0 = svl.simulate_side(topo, raw, w, 12)
+    shared, cfg = svl.simulate_side(pinned, raw, w, 12, sharing=sharing)
+    assert "core_groups" not in cfg0 and cfg["core_share_factor"] == 2.0
+    slower = shared.ttft_s - plain.ttft_s
+    assert np.all(slower >= -1e-9) and np.any(slower > 1e-3)  # overlaps cost (here none gains)

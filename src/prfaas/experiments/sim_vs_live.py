@@ -13,6 +13,8 @@ hold one such object), nothing else:
   request's KV held by its decoder, whose first token is then sampled), plus its route's fixed
   overhead when the profile has idle-deployment points (`idle_ttft`, experiments/idle_routes.py:
   median idle TTFT minus the simulator's for the same lone request), routes from the log.
+  Prefill workers the topology pins to shared cores slow each other while their prefills
+  overlap (`core_sharing`: sim/sharing.py, by the profile's measured factor, else 2.0).
 Per load: `ttft_mape` = mean over requests completed on both sides of |sim - live| / live;
 `throughput_*_rps` = completed requests / (last finish - first arrival), each side on its own
 times; `route_agreement` = share of requests both sides sent the same way. The loads are fixed
@@ -231,8 +233,36 @@ def threshold_of(topology: Any) -> int:
 
 # -- the two worlds ---------------------------------------------------------------------------
 
+def core_sharing(topology: Any, profile: Path | None) -> dict[str, Any]:
+    """The topology's prefill workers pinned to shared cores (serve/cores.py) as the
+    simulator's instance groups, and the slowdown of two overlapping prefills there: the
+    profile's measured `core_sharing.factor`, else 2.0 (pure processor sharing of one core).
+    Decode workers sharing cores are listed, not modelled."""
+    from prfaas.models.profile_file import core_sharing_factor
+    from prfaas.serve.cores import shared_core_groups
+    from prfaas.sim.sharing import PHYSICAL_FACTOR
+
+    sim_id: dict[str, str] = {}
+    for role, prefix in (("prfaas", "prfaas-p"), ("pd-p", "pd-p")):
+        for i, w in enumerate(w for w in topology.workers if w.role == role):
+            sim_id[w.name] = f"{prefix}{i:04d}"
+    prefill = [w for w in topology.workers if w.name in sim_id]
+    groups = shared_core_groups(prefill)
+    decode = [g for g in shared_core_groups(topology.workers)
+              if any(n not in sim_id for n in g)]
+    measured = core_sharing_factor(profile) if profile is not None and groups else None
+    return {"groups": [list(g) for g in groups],
+            "sim_groups": [[sim_id[n] for n in g] for g in groups],
+            "factor": measured if measured is not None else PHYSICAL_FACTOR,
+            "factor_source": "measured (profile core_sharing)" if measured is not None
+            else "physical default (processor sharing, no measurement)" if groups
+            else "unused (no prefill workers share cores)",
+            "decode_sharing_not_modelled": [list(g) for g in decode]}
+
+
 def simulate_side(topology: Any, scenario: dict[str, Any], workload: Workload, layers: int,
-                  overheads_s: dict[str, float] | None = None) -> tuple[Side, dict[str, Any]]:
+                  overheads_s: dict[str, float] | None = None,
+                  sharing: dict[str, Any] | None = None) -> tuple[Side, dict[str, Any]]:
     from prfaas.planner.search import plan_all
     from prfaas.scenario import parse_scenario
     from prfaas.serve.router.service import build_policy
@@ -246,7 +276,10 @@ def simulate_side(topology: Any, scenario: dict[str, Any], workload: Workload, l
     cfg = build_system(s, "prfaas_pd", threshold_tokens=threshold_of(topology),
                        planned=plan_all(s, mode="exact"), n_p=n["pd-p"], n_d=n["pd-d"],
                        kv_layers=layers, local_overhead_s=ov.get("pd", 0.0),
-                       remote_overhead_s=ov.get("prfaas", 0.0))
+                       remote_overhead_s=ov.get("prfaas", 0.0),
+                       **({"core_groups": tuple(tuple(g) for g in sharing["sim_groups"]),
+                           "core_share_factor": sharing["factor"]}
+                          if sharing and sharing["sim_groups"] else {}))
     router = build_policy(topology)  # the live router's builder: one policy object per world
     cfg = replace(cfg, router=topology.policy)
     sim = Simulator(cfg, workload, router, plugins=[CachePlugin(None, workload)])
@@ -261,8 +294,8 @@ def simulate_side(topology: Any, scenario: dict[str, Any], workload: Workload, l
 IDLE_GAP_S = 1000.0  # between the idle points' lone requests in the simulator
 
 
-def idle_overheads(topology: Any, scenario: dict[str, Any], profile: Path, layers: int
-                   ) -> dict[str, Any]:
+def idle_overheads(topology: Any, scenario: dict[str, Any], profile: Path, layers: int,
+                   sharing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The profile's idle-deployment points (experiments/idle_routes.py) against the
     simulator's TTFT for each as a lone request: the per-route fixed overheads."""
     from prfaas.experiments.idle_routes import OUTPUT_TOKENS, route_overheads
@@ -275,7 +308,7 @@ def idle_overheads(topology: Any, scenario: dict[str, Any], profile: Path, layer
     lone = Workload(np.arange(n, dtype=np.float64) * IDLE_GAP_S,
                     np.array([p["length_tokens"] for p in points], dtype=np.int64),
                     np.full(n, OUTPUT_TOKENS, dtype=np.int64), "idle points, one at a time")
-    side, _ = simulate_side(topology, scenario, lone, layers)
+    side, _ = simulate_side(topology, scenario, lone, layers, sharing=sharing)
     sim_ttft = [float(x) for x in side.ttft_s]
     for p, remote in zip(points, side.remote, strict=True):
         if (p["route"] == "prfaas") != bool(remote):
@@ -362,12 +395,17 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
     capacity = planner_capacity_rps(lengths, profile, t, n["prfaas"], n["pd-p"],
                                     topology.link.rate_gbps or 100.0)
     loads = workloads(options, lengths, capacity)
-    idle = idle_overheads(topology, raw, profile, facts.num_layers)
+    sharing = core_sharing(topology, profile)
+    idle = idle_overheads(topology, raw, profile, facts.num_layers, sharing)
     overheads = idle["route_overhead_s"]
-    sims = [simulate_side(topology, raw, w, facts.num_layers, overheads) for w in loads]
-    # the same simulator without the measured overheads: what they change (reported only)
-    bare = [simulate_side(topology, raw, w, facts.num_layers)[0] for w in loads] \
-        if overheads else [s for s, _ in sims]
+    sims = [simulate_side(topology, raw, w, facts.num_layers, overheads, sharing)
+            for w in loads]
+    # the same simulator without the measured overheads, and without the shared cores: what
+    # each changes (reported only)
+    bare = [simulate_side(topology, raw, w, facts.num_layers, None, sharing)[0]
+            for w in loads] if overheads else [s for s, _ in sims]
+    unshared = [simulate_side(topology, raw, w, facts.num_layers, overheads)[0]
+                for w in loads] if sharing["sim_groups"] else [s for s, _ in sims]
     tick(f"simulated {len(loads)} loads (planner capacity {capacity:.3f} req/s at t={t})")
     lives = []
     t0 = time.perf_counter()
@@ -380,10 +418,12 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
             tick(f"live load {w.offered_rps():.3f} req/s done")
             time.sleep(1.0)
     entries = []
-    for w, (live, extra), (sim, _), sim0 in zip(loads, lives, sims, bare, strict=True):
+    for w, (live, extra), (sim, _), sim0, sim1 in zip(loads, lives, sims, bare, unshared,
+                                                     strict=True):
         entry = load_entry(w.offered_rps(), live, sim)
-        mape0 = ttft_mape(live, sim0)
+        mape0, mape1 = ttft_mape(live, sim0), ttft_mape(live, sim1)
         entry["ttft_mape_without_route_overheads"] = None if mape0 is None else round(mape0, 4)
+        entry["ttft_mape_without_core_sharing"] = None if mape1 is None else round(mape1, 4)
         entry.update(errors_live=extra["errors"], error_samples=extra["error_samples"],
                      retried_live=extra["retried"],
                      loadavg_1m_before_after=extra["loadavg_1m_before_after"],
@@ -392,6 +432,7 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
                                   "ttft_live_s": _round(live.ttft_s),
                                   "ttft_sim_s": _round(sim.ttft_s),
                                   "ttft_sim_without_route_overheads_s": _round(sim0.ttft_s),
+                                  "ttft_sim_without_core_sharing_s": _round(sim1.ttft_s),
                                   "remote_live": live.remote.astype(int).tolist(),
                                   "remote_sim": sim.remote.astype(int).tolist(),
                                   "kv_bytes_live": extra["kv_bytes"],
@@ -411,6 +452,7 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         "link_sender_burst_bytes": _burst_bytes(topology),
         "planner_capacity_rps": round(capacity, 5),
         "route_overhead_s": overheads, "idle_points": idle["points"],
+        "core_sharing": sharing,
         "plan_for_deployment_pool": {"threshold_tokens": plan.threshold_tokens,
                                      "n_p": plan.n_p, "n_d": plan.n_d,
                                      "lambda_max_rps": round(plan.lambda_max, 5)},

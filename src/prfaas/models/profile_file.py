@@ -12,6 +12,9 @@ Format (YAML):
     decode: {bs_max, step_points: [{batch, step_s}, ...]}  # optional
     idle_ttft: {how, points: [{route, length_tokens, ttft_s, prefill_s?}, ...]}  # optional:
                                    # a deployment's idle TTFT per route (experiments/idle_routes.py)
+    core_sharing: {how, factor, points: [...]}  # optional: each of two concurrent prefills on
+                                   # instances pinned to one core takes `factor` x its time
+                                   # alone (integrations/vllm/core_sharing.py, sim/sharing.py)
 
 A scenario refers to one with `hardware: {<hw>: {profile: PATH}}` and `kv: {profile: PATH}`.
 """
@@ -26,7 +29,7 @@ from prfaas.core.files import read_structured
 from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
 
 _KEYS = {"name", "hardware", "model", "how", "gpus_per_instance", "prefill", "kv", "decode",
-         "notes", "idle_ttft"}
+         "notes", "idle_ttft", "core_sharing"}
 
 
 def read_profile_file(path: str | Path) -> dict[str, Any]:
@@ -96,3 +99,16 @@ def idle_ttft_points(path: str | Path) -> list[dict[str, Any]]:
             raise ConfigError(f"{path}.idle_ttft.points", p,
                               "each point needs route, length_tokens and ttft_s") from None
     return out
+
+
+def core_sharing_factor(path: str | Path) -> float | None:
+    """The profile's measured slowdown of two concurrent prefills on shared cores (None when
+    it has none)."""
+    block = read_profile_file(path).get("core_sharing")
+    if block is None:
+        return None
+    factor = block.get("factor") if isinstance(block, dict) else None
+    if not isinstance(factor, (int, float)) or not 1.0 <= factor <= 16.0:
+        raise ConfigError(f"{path}.core_sharing.factor", factor,
+                          "expected a measured slowdown between 1 and 16")
+    return float(factor)

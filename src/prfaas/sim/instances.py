@@ -1,7 +1,9 @@
 """Simulated instances: a prefill server with a queue, and a continuous-batching decoder.
 
 Prefill: one request at a time, service time from the instance's `PrefillTime` profile, charged
-only for the uncached part (`seconds(total, cached)`); queue order FIFO or shortest-first.
+only for the uncached part (`seconds(total, cached)`); queue order FIFO or shortest-first. An
+instance that shares its cores with others (`share`, sim/sharing.py) has its running prefill's
+end moved (`retime`) while the others' prefills overlap it.
 
 Decode: up to BS_max sequences; every step emits one token per running sequence and takes
 `step_at(batch)` seconds. The decoder keeps a "virtual token" clock V that advances by one per
@@ -21,6 +23,7 @@ from prfaas.models.profile import DecodeTime, PrefillTime
 
 if TYPE_CHECKING:
     from prfaas.sim.pools import DecodePool, PrefillPool
+    from prfaas.sim.sharing import CoreGroup
 
 PREFILL_ORDERS = ("fifo", "sjf")
 
@@ -48,9 +51,18 @@ class PrefillInstance:
         self.version = 0  # bumped when it goes down: its pending prefill-done is void
         self.down = False
         self.pool: PrefillPool | None = None  # the ranked pool routing sees it in, if any
+        self.share: CoreGroup | None = None  # instances it shares cores with (sim/sharing.py)
 
     def __len__(self) -> int:
         return len(self._heap) if self.sjf else len(self._fifo)
+
+    def retime(self, end_s: float) -> None:
+        """Its running prefill now ends at `end_s` (a core shared with more or fewer running
+        prefills, sim/sharing.py): busy time and drain follow; the pending prefill-done is
+        void (`version`)."""
+        self.busy_s += end_s - self.busy_until_s
+        self.busy_until_s = end_s
+        self.version += 1
 
     def abort(self, now_s: float) -> list[int]:
         """Going down: the running and queued requests, in order; the instance is left empty

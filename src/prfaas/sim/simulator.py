@@ -18,6 +18,10 @@ request whose placement has `link_wait_bytes` (a prefix move) joins its prefill 
 those bytes have crossed the shared link. Every transfer across the inter-cluster link arrives
 `cfg.rtt_s` later (models/tcp.py).
 
+Prefill instances the configuration puts on shared cores (`cfg.core_groups`) slow each other
+while their prefills overlap (processor sharing, sim/sharing.py): a start or finish in a group
+moves the end of every prefill running there, and the routing view sees the moved drain times.
+
 With `cfg.max_queued_per_prefill`, a decision whose prefill instance already has that many
 requests waiting for their first token spills to the other route or is rejected (policy/spill.py,
 the live dispatcher's object; `spilled`, `queue_full`).
@@ -35,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from heapq import heappush
 
+from prfaas.core.errors import ConfigError
 from prfaas.core.types import (
     PD_CLUSTER,
     PRFAAS_CLUSTER,
@@ -49,6 +54,7 @@ from prfaas.sim.instances import DecodeInstance, PrefillInstance
 from prfaas.sim.link import BYTES_PER_GBPS, SharedLink
 from prfaas.sim.plugin import Placement, SimPlugin
 from prfaas.sim.request_log import RequestLog
+from prfaas.sim.sharing import CoreGroup
 from prfaas.sim.system import SystemConfig
 from prfaas.sim.view import SimView
 from prfaas.workload.requests import Workload
@@ -82,6 +88,14 @@ class Simulator:
         for k, dec in enumerate(self.decoders):
             dec.index = k
         self.prefill_by_id = {p.instance_id: p for p in self.prefills}
+        for ids in cfg.core_groups:  # prefill instances on shared cores (sim/sharing.py)
+            group = CoreGroup(cfg.core_share_factor)
+            for instance_id in ids:
+                if instance_id not in self.prefill_by_id:
+                    raise ConfigError("core_groups", instance_id,
+                                      f"not a prefill instance of this system "
+                                      f"({sorted(self.prefill_by_id)})")
+                self.prefill_by_id[instance_id].share = group
         self.decode_by_id = {d.instance_id: d for d in self.decoders}
         self.link = SharedLink(cfg.link, cfg.flow_cap_gbps)
         self.view = SimView(self, candidate_limit)
@@ -367,9 +381,21 @@ class Simulator:
         req, end_s = started
         log = self.log
         log.prefill_start_s[req] = self.now_s
-        self._push(end_s, PREFILL_DONE, prefill.index, prefill.version)
+        if prefill.share is None:
+            self._push(end_s, PREFILL_DONE, prefill.index, prefill.version)
+        else:
+            self._retimed(prefill.share.start(prefill, end_s - self.now_s, self.now_s))
         if log.remote[req] and self._pipelined:
             self._start_flow(req)
+
+    def _retimed(self, moved: list[PrefillInstance], skip: PrefillInstance | None = None
+                 ) -> None:
+        """Prefills whose end moved (a shared core's load changed): their new end events, and
+        the routing view's drain times (`skip`: touched by the caller)."""
+        for inst in moved:
+            self._push(inst.busy_until_s, PREFILL_DONE, inst.index, inst.version)
+            if inst is not skip:
+                self.view.touch_prefill(inst)
 
     def _start_flow(self, req: int) -> None:
         self.log.flow_start_s[req] = self.now_s
@@ -391,6 +417,8 @@ class Simulator:
         req = prefill.finish()
         log, now = self.log, self.now_s
         log.prefill_end_s[req] = now
+        if prefill.share is not None:
+            self._retimed(prefill.share.finish(prefill, now), prefill)
         if log.remote[req]:
             if not self.cfg.pipelined:
                 self._start_flow(req)

@@ -13,7 +13,8 @@ Link: `scenario.link_gbps`, or the scenario's `link.schedule` ([[start_s, gbps],
 models/tcp.py) and `pipelined` (default true). Intra-cluster transfers run at `intra_gbps`,
 unshared. `max_queued_per_prefill` (an override; default none) bounds each prefill queue as the
 live router's `admission.max_queued_per_prefill` does: a request beyond it spills to the other
-route, or is rejected when both are full (policy/spill.py).
+route, or is rejected when both are full (policy/spill.py). `core_groups` / `core_share_factor`
+(overrides; default none): prefill instances that share cores (sim/sharing.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.models.profile import DecodeTime, KVSize, PrefillTime
 from prfaas.scenario import Scenario
 from prfaas.sim.link import LinkSchedule
+from prfaas.sim.sharing import check_factor
 
 if TYPE_CHECKING:
     from prfaas.planner.search import PlanResult
@@ -62,6 +64,11 @@ class SystemConfig:
     # occupying no instance; measured on an idle deployment (experiments/idle_routes.py)
     local_overhead_s: float = 0.0
     remote_overhead_s: float = 0.0
+    # prefill instances (simulator ids: prfaas-p0000, pd-p0000, ...) pinned to the same cores,
+    # one tuple per set, and how much longer each of two concurrent prefills there takes than
+    # alone (sim/sharing.py; 2.0: pure processor sharing). Empty: independent machines
+    core_groups: tuple[tuple[str, ...], ...] = ()
+    core_share_factor: float = 2.0
 
     def describe(self) -> dict[str, Any]:
         """The resolved configuration, written beside results."""
@@ -77,6 +84,8 @@ class SystemConfig:
                 **({"local_overhead_s": self.local_overhead_s,
                     "remote_overhead_s": self.remote_overhead_s}
                    if self.local_overhead_s or self.remote_overhead_s else {}),
+                **({"core_groups": [list(g) for g in self.core_groups],
+                    "core_share_factor": self.core_share_factor} if self.core_groups else {}),
                 "pipelined": self.pipelined, "kv_layers": self.kv_layers,
                 "prefill_order": self.prefill_order}
 
@@ -163,5 +172,8 @@ def _validate(cfg: SystemConfig, pd_total: int) -> None:
         raise UnknownNameError("prefill_order", cfg.prefill_order, ["fifo", "sjf"])
     if cfg.max_queued_per_prefill is not None and cfg.max_queued_per_prefill < 1:
         raise ConfigError("max_queued_per_prefill", cfg.max_queued_per_prefill, "must be >= 1")
+    check_factor(cfg.core_share_factor)
+    if len({i for g in cfg.core_groups for i in g}) != sum(len(g) for g in cfg.core_groups):
+        raise ConfigError("core_groups", cfg.core_groups, "an instance is in two groups")
     if not cfg.intra_gbps > 0:
         raise ConfigError("intra_gbps", cfg.intra_gbps, "must be positive")

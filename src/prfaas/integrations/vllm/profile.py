@@ -27,6 +27,7 @@ import json
 import statistics
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +182,10 @@ def profile_topology(topology: Any, url: str | None = None, log_dir: str | None 
     """The profile document of the topology's vLLM instances: measured on `url` (a running
     instance serving the topology's model), else on a standalone instance started here with
     the topology's engine arguments, pinned to the cores of its first prefill worker, with
-    that worker's vLLM idle spin."""
+    that worker's vLLM idle spin. When another prefill worker is pinned to those cores, a twin
+    instance runs beside it (idle while T_prefill, S_kv and decode are measured, as the
+    neighbour is in the deployment) and the two measure the `core_sharing` factor
+    (core_sharing.py)."""
     import tempfile
 
     from prfaas.engine.profiler import cpu_model
@@ -201,7 +205,35 @@ def profile_topology(topology: Any, url: str | None = None, log_dir: str | None 
     # as that worker runs in the deployment: its cores and its vLLM idle spin (deploy.py)
     spec = reference_spec(s, free_port(), cores, idle_spin_s(topology, first) if first else None)
     logs = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-profile-"))
-    with VllmInstance(spec, logs / "vllm-profile.log") as inst:
-        prof = run_profile(inst.spec.url, model, **kwargs)
+    twin = VllmInstance(replace(spec, port=free_port()), logs / "vllm-profile-twin.log") \
+        if first is not None and _shares_cores(topology, first.name) else None
+    sharing = None
+    if twin is not None:
+        twin.spawn()  # both start at once
+    try:
+        with VllmInstance(spec, logs / "vllm-profile.log") as inst:
+            if twin is not None:
+                twin.wait_ready()
+            prof = run_profile(inst.spec.url, model, **kwargs)
+            if twin is not None:
+                from prfaas.integrations.vllm import core_sharing
+
+                sharing = core_sharing.measure(inst.spec.url, twin.spec.url, model, cores or "")
+    finally:
+        if twin is not None:
+            twin.stop()
     hardware = f"{cpu_model()}, cores {cores or 'all'}"
-    return profile_document(model, prof, hardware, f"standalone, cores {cores or 'all'}")
+    where = f"standalone, cores {cores or 'all'}" + (
+        ", beside an idle twin on the same cores" if twin is not None else "")
+    doc = profile_document(model, prof, hardware, where)
+    if sharing is not None:
+        doc["core_sharing"] = sharing
+    return doc
+
+
+def _shares_cores(topology: Any, name: str) -> bool:
+    """Another prefill worker is pinned to cores `name`'s overlap (serve/cores.py)."""
+    from prfaas.serve.cores import shared_core_groups
+
+    prefill = [w for w in topology.workers if w.role in ("prfaas", "pd-p")]
+    return any(name in group for group in shared_core_groups(prefill))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prfaas.core.errors import ConfigError, PrfaasError
+from prfaas.serve.cores import parse_cores
 from prfaas.serve.vllm_settings import check_idle_spin
 
 KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
@@ -118,19 +119,6 @@ class VllmSpec:
             env[IDLE_SPIN_ENV] = repr(float(self.idle_spin_s))
         env.update(self.env)
         return env
-
-
-def parse_cores(cores: str | None) -> set[int] | None:
-    """"0", "0-1", "0,2" as a set of CPU numbers; None (unpinned) as None."""
-    if cores is None:
-        return None
-    cpus: set[int] = set()
-    for part in cores.split(","):
-        lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ConfigError("cores", cores, "expected CPU numbers like 0, 0-1 or 0,2")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 class VllmInstance:

@@ -1,0 +1,43 @@
+"""A worker's `cores` (the CPUs the launcher pins it to) and which workers share them.
+
+`parse_cores`: "0", "0-1", "0,2" as a set of CPU numbers (None: unpinned). `shared_core_groups`:
+the workers whose pinned CPU sets overlap, joined transitively, as groups of two or more names in
+topology order; an unpinned worker shares with no one here (it floats over the host, which the
+topology does not describe). The simulator treats each group as instances that slow each other
+while their work overlaps (sim/sharing.py); the profile measures by how much (vLLM:
+integrations/vllm/core_sharing.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from prfaas.core.errors import ConfigError
+
+
+def parse_cores(cores: str | None) -> set[int] | None:
+    """"0", "0-1", "0,2" as a set of CPU numbers; None (unpinned) as None."""
+    if cores is None:
+        return None
+    cpus: set[int] = set()
+    for part in cores.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ConfigError("cores", cores, "expected CPU numbers like 0, 0-1 or 0,2")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def shared_core_groups(workers: Sequence[Any]) -> list[tuple[str, ...]]:
+    """Names of the workers (objects with `name` and `cores`) pinned to overlapping CPUs."""
+    pinned = [(w.name, cpus) for w in workers if (cpus := parse_cores(w.cores))]
+    groups: list[tuple[list[str], set[int]]] = []
+    for name, cpus in pinned:
+        touching = [g for g in groups if g[1] & cpus]
+        merged = ([n for g in touching for n in g[0]] + [name],
+                  set().union(cpus, *(g[1] for g in touching)))
+        groups = [g for g in groups if not g[1] & cpus] + [merged]
+    order = {name: i for i, (name, _) in enumerate(pinned)}
+    out = [tuple(sorted(names, key=order.__getitem__)) for names, _ in groups if len(names) > 1]
+    return sorted(out, key=lambda g: order[g[0]])
