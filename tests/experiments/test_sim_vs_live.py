@@ -165,8 +165,23 @@ LOAD_KEYS = {"offered_rps", "requests", "ttft_mape", "throughput_live_rps",
              "throughput_sim_rps", "route_agreement"}
 
 
+def _rounding(live: np.ndarray, sim: np.ndarray, ok: np.ndarray) -> float:
+    """How far a MAPE recomputed from the per-request times (rounded to 1e-4 s in the file)
+    can be from the one computed before rounding (rounded to 4 decimals): each |sim - live| /
+    live moves by at most (h + h sim / live) / (live - h), h = 5e-5 s, plus 5e-5 for the
+    stated figure's own rounding. A fixed 2e-4 was too tight for 0.08 s TTFTs."""
+    h = 5e-5
+    lv, sv = live[ok], np.abs(sim[ok])
+    return float(np.mean((h + h * sv / lv) / (lv - h))) + h
+
+
 @pytest.mark.parametrize("name", ["sim_vs_live_vllm.json", "sim_vs_live_vllm_shared_run2.json",
                                   "sim_vs_live_vllm_shared_run3.json",
+                                  "sim_vs_live_vllm_main_run1.json",
+                                  "sim_vs_live_vllm_main_run2.json",
+                                  "sim_vs_live_vllm_main_run3.json",
+                                  "sim_vs_live_vllm_router_pinned_run1.json",
+                                  "sim_vs_live_vllm_router_pinned_run2.json",
                                   "sim_vs_live_vllm_spin_run1.json",
                                   "sim_vs_live_vllm_spin_run2.json",
                                   "sim_vs_live_vllm_spin_run3.json",
@@ -190,7 +205,7 @@ def test_committed_results_follow_the_schema_and_recompute(name: str) -> None:
         sim = np.array([np.nan if v is None else v for v in pr["ttft_sim_s"]])
         ok = np.isfinite(live) & np.isfinite(sim)
         assert load["ttft_mape"] == pytest.approx(
-            float(np.mean(np.abs(sim[ok] - live[ok]) / live[ok])), abs=2e-4)
+            float(np.mean(np.abs(sim[ok] - live[ok]) / live[ok])), abs=_rounding(live, sim, ok))
         agree = np.mean(np.array(pr["remote_live"]) == np.array(pr["remote_sim"]))
         assert load["route_agreement"] == pytest.approx(agree, abs=1e-4)
         if "ttft_sim_without_core_sharing_s" in pr:  # runs with shared cores modelled
@@ -198,7 +213,8 @@ def test_committed_results_follow_the_schema_and_recompute(name: str) -> None:
                             for v in pr["ttft_sim_without_core_sharing_s"]])
             ok = np.isfinite(live) & np.isfinite(alt)
             assert load["ttft_mape_without_core_sharing"] == pytest.approx(
-                float(np.mean(np.abs(alt[ok] - live[ok]) / live[ok])), abs=2e-4)
+                float(np.mean(np.abs(alt[ok] - live[ok]) / live[ok])),
+                abs=_rounding(live, alt, ok))
 
 
 def test_run_writes_the_schema_end_to_end_with_a_stand_in_live_world(
