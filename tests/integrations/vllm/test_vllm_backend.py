@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from vllm_live import serve_completions
 
 from prfaas.serve.router.backends import Attempt, AttemptFailed, AttemptReport, make_backend
 from prfaas.serve.topology import WorkerSpec
@@ -49,17 +50,6 @@ class FakeVllm:
         return resp
 
 
-async def _serve(handler: Any) -> tuple[web.AppRunner, int]:
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, port
-
-
 def _attempt(p_port: int, d_port: int, **sampling: Any) -> Attempt:
     pre = WorkerSpec("prfaas-0", "prfaas", port=p_port, engine="vllm")
     dec = WorkerSpec("pdd-0", "pd-d", port=d_port, kv_port=4321, engine="vllm")
@@ -71,8 +61,8 @@ def _attempt(p_port: int, d_port: int, **sampling: Any) -> Attempt:
 
 def _run(fake: FakeVllm, **sampling: Any) -> tuple[list[int], AttemptReport, Exception | None]:
     async def go() -> tuple[list[int], AttemptReport, Exception | None]:
-        rp, p_port = await _serve(fake.prefill)
-        rd, d_port = await _serve(fake.decode)
+        rp, p_port = await serve_completions(fake.prefill)
+        rd, d_port = await serve_completions(fake.decode)
         report, got, err = AttemptReport(), [], None
         try:
             async with aiohttp.ClientSession() as session:

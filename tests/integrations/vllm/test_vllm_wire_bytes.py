@@ -19,6 +19,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
+from vllm_live import serve_completions
 
 from prfaas.integrations.vllm import stream_params
 from prfaas.integrations.vllm.link import Finish, RecvLink, Result, SendLink, Tensor
@@ -102,16 +103,6 @@ async def _stream_lines(final_params: dict[str, Any] | None) -> list[str]:
         None, result_generator=outputs(), request_id="x")]
 
 
-async def _serve(handler: Any) -> tuple[web.AppRunner, int]:
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-
 def _route(lines: list[str], kv_bytes: int) -> tuple[AttemptReport, Outcome, LiveCluster]:
     """The router's vLLM backend on that decode stream, then the dispatcher's accounting."""
     # the router's side only: the instances are the scripted servers below (the tiny native
@@ -134,8 +125,8 @@ def _route(lines: list[str], kv_bytes: int) -> tuple[AttemptReport, Outcome, Liv
         return resp
 
     async def go() -> tuple[AttemptReport, Outcome, LiveCluster]:
-        rp, p_port = await _serve(prefill)
-        rd, d_port = await _serve(decode)
+        rp, p_port = await serve_completions(prefill)
+        rd, d_port = await serve_completions(decode)
         p = replace(pre, host="127.0.0.1", port=p_port)
         d = replace(dec, host="127.0.0.1", port=d_port)
         attempt = Attempt(1, [1, 2, 3], 2, {"temperature": 0.0}, p, d,

@@ -300,3 +300,17 @@ class EventTap:
         self._thread.join(5)
         self._sock.close(0)
         self._ctx.term()
+
+
+async def serve_completions(handler: Any) -> tuple[Any, int]:
+    """A stand-in instance: aiohttp serving `handler` at POST /v1/completions on a free
+    loopback port; (its runner, to `cleanup()`, and the port)."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
