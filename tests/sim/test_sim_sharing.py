@@ -10,6 +10,7 @@ from prfaas.core.errors import ConfigError
 from prfaas.models.profile import PrefillTime
 from prfaas.scenario import Scenario
 from prfaas.sim.instances import PrefillInstance
+from prfaas.sim.outages import Outage
 from prfaas.sim.run import simulate
 from prfaas.sim.sharing import CoreGroup, slowdown
 from prfaas.sim.system import SystemConfig, build_system
@@ -112,3 +113,18 @@ def test_bad_groups_are_refused(scenario: Scenario) -> None:
         _system(scenario, core_groups=(("pd-p0000",), ("pd-p0000", "prfaas-p0000")))
     with pytest.raises(ConfigError, match="core_share_factor"):
         _system(scenario, core_groups=PAIR, core_share_factor=0.5)
+
+
+def test_a_member_that_goes_down_frees_the_core_at_once(scenario: Scenario) -> None:
+    """The PrfaaS instance goes down while both prefills run: from then on the PD-P prefill
+    runs alone (work done at half speed until then, the rest at full speed). Checked to fail
+    when failover aborts the instance without telling its group (the earlier code: the PD-P
+    prefill stayed at half speed, 2 x T(l), until another event; with the group's lazy
+    clean-up removed, a corrupted retime)."""
+    short_s = scenario.pd.hardware.require_prefill().seconds(4096)
+    down_s = short_s / 2
+    wl = _two(32768, 4096)
+    sim, _ = simulate(_system(scenario, core_groups=PAIR), wl,
+                      outages=[Outage("prfaas", down_s, 1000.0)])
+    freed = down_s + (short_s - down_s / 2.0)
+    assert sim.log.prefill_end_s[1] == pytest.approx(freed, rel=1e-9)

@@ -63,6 +63,7 @@ class FailoverHost(Protocol):
 
     def stop_routing(self, instance: PrefillInstance | DecodeInstance) -> None: ...
     def start_routing(self, instance: PrefillInstance | DecodeInstance) -> None: ...
+    def abort_prefill(self, instance: PrefillInstance) -> None: ...
     def request_query(self, req: int, cached: bool = True) -> RouteQuery: ...
     def tokens_to_emit(self, req: int) -> int: ...
     def awaiting_kv(self) -> list[int]: ...
@@ -109,7 +110,7 @@ class Failover:
         sim = self.sim
         sim.link_down = True
         for p in sim.remote:
-            p.abort(sim.now_s)  # its KV has nowhere to go
+            sim.abort_prefill(p)  # its KV has nowhere to go
             sim.view.touch_prefill(p)
         self._rerun_where(lambda r: self._remote(r) or sim.waits_on_link(r))
 
@@ -142,7 +143,7 @@ class Failover:
         sim = self.sim
         inst.down = True
         sim.stop_routing(inst)
-        inst.abort(sim.now_s)
+        sim.abort_prefill(inst)
         self._rerun_where(lambda r: sim.prefill_of(r) is inst)
 
     def _decoder_down(self, inst: DecodeInstance) -> None:

@@ -73,8 +73,6 @@ class CoreGroup:
         self._last_s = now_s
 
     def _retime(self, now_s: float) -> list[PrefillInstance]:
-        for inst in [i for i in self._left if i.running < 0]:  # aborted (went down)
-            del self._left[inst]
         rate = slowdown(len(self._left), self.factor)
         out = list(self._left)
         for inst in out:

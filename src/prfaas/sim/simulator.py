@@ -388,6 +388,13 @@ class Simulator:
         if log.remote[req] and self._pipelined:
             self._start_flow(req)
 
+    def abort_prefill(self, instance: PrefillInstance) -> None:
+        """`instance` drops its running and queued prefills (it went down, or its link did); the
+        others on its cores speed up at once (sim/sharing.py)."""
+        instance.abort(self.now_s)
+        if instance.share is not None:
+            self._retimed(instance.share.finish(instance, self.now_s))
+
     def _retimed(self, moved: list[PrefillInstance], skip: PrefillInstance | None = None
                  ) -> None:
         """Prefills whose end moved (a shared core's load changed): their new end events, and
