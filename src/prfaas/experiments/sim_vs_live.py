@@ -240,12 +240,13 @@ def core_sharing(topology: Any, profile: Path | None) -> dict[str, Any]:
     Decode workers sharing cores are listed, not modelled."""
     from prfaas.models.profile_file import core_sharing_factor
     from prfaas.serve.cores import shared_core_groups
+    from prfaas.sim.instances import instance_id
     from prfaas.sim.sharing import PHYSICAL_FACTOR
 
     sim_id: dict[str, str] = {}
-    for role, prefix in (("prfaas", "prfaas-p"), ("pd-p", "pd-p")):
+    for role, pool in (("prfaas", "prfaas-p"), ("pd-p", "pd-p")):
         for i, w in enumerate(w for w in topology.workers if w.role == role):
-            sim_id[w.name] = f"{prefix}{i:04d}"
+            sim_id[w.name] = instance_id(pool, i)
     prefill = [w for w in topology.workers if w.name in sim_id]
     groups = shared_core_groups(prefill)
     decode = [g for g in shared_core_groups(topology.workers)

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 PREFILL_ORDERS = ("fifo", "sjf")
 
 
+def instance_id(pool: str, index: int) -> str:
+    """A simulated instance's id: its pool ("prfaas-p", "pd-p", "pd-d") and index, e.g.
+    prfaas-p0000 (what `SystemConfig.core_groups` and placements name)."""
+    return f"{pool}{index:04d}"
+
+
 class PrefillInstance:
     def __init__(self, instance_id: str, cluster: str, profile: PrefillTime,
                  order: str = "fifo", start_s: float = 0.0) -> None:

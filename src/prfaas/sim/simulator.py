@@ -50,7 +50,7 @@ from prfaas.core.types import (
 from prfaas.policy.base import Router, make_router
 from prfaas.policy.spill import SpillAction, SpillPolicy
 from prfaas.sim.failover import Failover
-from prfaas.sim.instances import DecodeInstance, PrefillInstance
+from prfaas.sim.instances import DecodeInstance, PrefillInstance, instance_id
 from prfaas.sim.link import BYTES_PER_GBPS, SharedLink
 from prfaas.sim.plugin import Placement, SimPlugin
 from prfaas.sim.request_log import RequestLog
@@ -74,13 +74,13 @@ class Simulator:
             {"threshold_tokens": cfg.threshold_tokens} if cfg.threshold_tokens is not None
             else {}))
         self.plugins = tuple(plugins)
-        self.remote = [PrefillInstance(f"prfaas-p{i:04d}", PRFAAS_CLUSTER, cfg.prfaas_prefill,
-                                       cfg.prefill_order)
+        self.remote = [PrefillInstance(instance_id("prfaas-p", i), PRFAAS_CLUSTER,
+                                       cfg.prfaas_prefill, cfg.prefill_order)
                        for i in range(cfg.n_prfaas) if cfg.prfaas_prefill is not None]
-        self.local = [PrefillInstance(f"pd-p{i:04d}", PD_CLUSTER, cfg.pd_prefill,
+        self.local = [PrefillInstance(instance_id("pd-p", i), PD_CLUSTER, cfg.pd_prefill,
                                       cfg.prefill_order)
                       for i in range(cfg.n_p) if cfg.pd_prefill is not None]
-        self.decoders = [DecodeInstance(f"pd-d{i:04d}", PD_CLUSTER, cfg.decode)
+        self.decoders = [DecodeInstance(instance_id("pd-d", i), PD_CLUSTER, cfg.decode)
                          for i in range(cfg.n_d)]
         self.prefills = self.remote + self.local
         for k, inst in enumerate(self.prefills):
@@ -90,12 +90,12 @@ class Simulator:
         self.prefill_by_id = {p.instance_id: p for p in self.prefills}
         for ids in cfg.core_groups:  # prefill instances on shared cores (sim/sharing.py)
             group = CoreGroup(cfg.core_share_factor)
-            for instance_id in ids:
-                if instance_id not in self.prefill_by_id:
-                    raise ConfigError("core_groups", instance_id,
+            for member in ids:
+                if member not in self.prefill_by_id:
+                    raise ConfigError("core_groups", member,
                                       f"not a prefill instance of this system "
                                       f"({sorted(self.prefill_by_id)})")
-                self.prefill_by_id[instance_id].share = group
+                self.prefill_by_id[member].share = group
         self.decode_by_id = {d.instance_id: d for d in self.decoders}
         self.link = SharedLink(cfg.link, cfg.flow_cap_gbps)
         self.view = SimView(self, candidate_limit)
