@@ -101,6 +101,16 @@ def idle_ttft_points(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def check_core_share_factor(factor: object, name: str = "core_share_factor") -> float:
+    """A slowdown of two concurrent prefills on shared cores: a number in [1, 16] (the one
+    rule for the profile's measured factor and the simulator's `core_share_factor`)."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+            or not 1.0 <= factor <= 16.0:
+        raise ConfigError(name, factor,
+                          "expected a slowdown of two concurrent prefills between 1 and 16")
+    return float(factor)
+
+
 def core_sharing_factor(path: str | Path) -> float | None:
     """The profile's measured slowdown of two concurrent prefills on shared cores (None when
     it has none)."""
@@ -108,7 +118,4 @@ def core_sharing_factor(path: str | Path) -> float | None:
     if block is None:
         return None
     factor = block.get("factor") if isinstance(block, dict) else None
-    if not isinstance(factor, (int, float)) or not 1.0 <= factor <= 16.0:
-        raise ConfigError(f"{path}.core_sharing.factor", factor,
-                          "expected a measured slowdown between 1 and 16")
-    return float(factor)
+    return check_core_share_factor(factor, f"{path}.core_sharing.factor")

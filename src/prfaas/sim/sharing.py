@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prfaas.core.errors import ConfigError
+from prfaas.models.profile_file import check_core_share_factor
 
 if TYPE_CHECKING:
     from prfaas.sim.instances import PrefillInstance
@@ -33,16 +33,9 @@ def slowdown(k: int, factor: float) -> float:
     return 1.0 + (factor - 1.0) * (k - 1) if k > 1 else 1.0
 
 
-def check_factor(factor: float) -> float:
-    if not 1.0 <= factor <= 16.0:
-        raise ConfigError("core_share_factor", factor,
-                          "expected a slowdown of two concurrent prefills between 1 and 16")
-    return float(factor)
-
-
 class CoreGroup:
     def __init__(self, factor: float = PHYSICAL_FACTOR) -> None:
-        self.factor = check_factor(factor)
+        self.factor = check_core_share_factor(factor)
         self._left: dict[PrefillInstance, float] = {}  # running member -> standalone s left
         self._last_s = 0.0
 

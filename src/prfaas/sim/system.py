@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.models.profile import DecodeTime, KVSize, PrefillTime
+from prfaas.models.profile_file import check_core_share_factor
 from prfaas.scenario import Scenario
 from prfaas.sim.link import LinkSchedule
-from prfaas.sim.sharing import check_factor
 
 if TYPE_CHECKING:
     from prfaas.planner.search import PlanResult
@@ -172,7 +172,7 @@ def _validate(cfg: SystemConfig, pd_total: int) -> None:
         raise UnknownNameError("prefill_order", cfg.prefill_order, ["fifo", "sjf"])
     if cfg.max_queued_per_prefill is not None and cfg.max_queued_per_prefill < 1:
         raise ConfigError("max_queued_per_prefill", cfg.max_queued_per_prefill, "must be >= 1")
-    check_factor(cfg.core_share_factor)
+    check_core_share_factor(cfg.core_share_factor)
     if len({i for g in cfg.core_groups for i in g}) != sum(len(g) for g in cfg.core_groups):
         raise ConfigError("core_groups", cfg.core_groups, "an instance is in two groups")
     if not cfg.intra_gbps > 0:
