@@ -59,6 +59,7 @@ from typing import Any
 
 import psutil
 
+from prfaas.bench.loadgen import sse_payloads
 from prfaas.integrations.vllm.model_builder import ensure_model
 from prfaas.integrations.vllm.reference import complete, deployment_with_reference, post_completion
 from prfaas.integrations.vllm.server import VllmInstance
@@ -98,16 +99,13 @@ def _stream(url: str, body: dict[str, Any], timeout_s: float = 1800,
     last: dict[str, Any] = {}
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            for raw in resp:
-                line = raw.decode().strip()
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        return 500, chunk
-                    if on_first is not None and chunk.get("choices"):
-                        on_first()
-                        on_first = None
-                    last = chunk
+            for chunk in sse_payloads(resp):
+                if "error" in chunk:
+                    return 500, chunk
+                if on_first is not None and chunk.get("choices"):
+                    on_first()
+                    on_first = None
+                last = chunk
     except urllib.error.HTTPError as err:
         return err.code, {"error": err.read()[:500].decode(errors="replace")}
     return 200, last
