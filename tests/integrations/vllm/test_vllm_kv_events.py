@@ -51,7 +51,7 @@ def test_vllm_publisher_to_manager_over_zmq() -> None:
 
     prompt = [random.Random(0).randrange(3, 1000) for _ in range(5 * BS + 3)]
     port = free_port()
-    conf = events_config(endpoints("prfaas-0", "127.0.0.1", port, None)[0], "prfaas-0")
+    conf = events_config(endpoints("prfaas-0", "127.0.0.1", port, None, False)[0], "prfaas-0")
     pub = ZmqEventPublisher(0, endpoint=conf["endpoint"], topic=conf["topic"])
     manager = _manager()
     sub = VllmKvEvents({"prfaas-0": f"tcp://127.0.0.1:{port}"}, manager, BS)

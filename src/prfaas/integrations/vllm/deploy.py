@@ -16,12 +16,7 @@ import os
 from typing import Any
 
 from prfaas.core.errors import ConfigError
-from prfaas.integrations.vllm.kv_events import (
-    check_private,
-    endpoints,
-    events_config,
-    tcp_beside_tls,
-)
+from prfaas.integrations.vllm.kv_events import endpoints, events_config
 from prfaas.integrations.vllm.kv_security import FAULT_ENV
 from prfaas.integrations.vllm.server import PINNED_SPIN_S, VllmSpec, parse_cores
 from prfaas.integrations.vllm.tls_front import start_front
@@ -56,15 +51,12 @@ def worker_spec(topology: Topology, worker: WorkerSpec,
     conf.update(extra or {})
     events: tuple[str, ...] = ()
     if s.kv_events:  # the router subscribes to them (kv_events.py)
-        if s.events_dir is not None:
-            check_private(s.events_dir)
-        elif topology.security.tls:
-            raise tcp_beside_tls(worker.name)
-        elif not worker.events_port:
+        publish, _ = endpoints(worker.name, worker.host, worker.events_port, s.events_dir,
+                               topology.security.tls)
+        if publish.startswith("tcp://") and not worker.events_port:
             raise ConfigError(f"workers.{worker.name}.events_port", worker.events_port,
                               "vllm.kv_events needs a port to publish on (0 is resolved by "
                               "the launcher)")
-        publish, _ = endpoints(worker.name, worker.host, worker.events_port, s.events_dir)
         events = ("--kv-events-config", json.dumps(events_config(publish, worker.name)))
     return VllmSpec(s.model_dir, worker.port, worker.host, s.served_name, role, conf,  # type: ignore[arg-type]
                     max_model_len=s.max_model_len,

@@ -11,12 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from prfaas.cache.listener import PoolListener
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.deploy import exec_worker, prepare, settings
-from prfaas.integrations.vllm.kv_events import (
-    VllmKvEvents,
-    check_private,
-    endpoints,
-    tcp_beside_tls,
-)
+from prfaas.integrations.vllm.kv_events import VllmKvEvents, endpoints
 from prfaas.integrations.vllm.params import WIRE_DTYPES
 from prfaas.integrations.vllm.served_model import ServedModel
 from prfaas.models.card import ModelCard
@@ -85,12 +80,8 @@ class VllmEngineBackend(EngineBackend):
     def event_endpoints(self) -> dict[str, str]:
         """Where the router subscribes to each instance's KV events (kv_events.endpoints).
         Refused: TCP beside TLS, and an events folder another user could reach."""
-        s = settings(self.topology)
-        if s.events_dir is not None:
-            check_private(s.events_dir)
-        elif self.topology.security.tls:
-            raise tcp_beside_tls("router")
-        return {w.name: endpoints(w.name, w.host, w.events_port, s.events_dir)[1]
+        s, tls = settings(self.topology), self.topology.security.tls
+        return {w.name: endpoints(w.name, w.host, w.events_port, s.events_dir, tls)[1]
                 for w in self.topology.workers}
 
     def prepare(self) -> None:

@@ -51,14 +51,23 @@ def events_config(endpoint: str, topic: str) -> dict[str, Any]:
             "topic": topic}
 
 
-def endpoints(name: str, host: str, port: int, events_dir: str | None) -> tuple[str, str]:
+def endpoints(name: str, host: str, port: int, events_dir: str | None, tls: bool
+              ) -> tuple[str, str]:
     """Where worker `name` publishes its events and where the router subscribes to them.
     With `events_dir` (vllm_settings.py): a unix socket in it, `ipc://DIR/NAME.events`, which
-    vLLM binds. Without: TCP, which vLLM binds only on a wildcard address (`tcp://*:PORT`, the
-    port open on every interface of the instance's host)."""
+    vLLM binds; the folder must be private (`check_private`). Without: TCP, which vLLM binds
+    only on a wildcard address (`tcp://*:PORT`, the port open on every interface of the
+    instance's host), refused beside TLS (`tls`): fail closed."""
     if events_dir is not None:
+        check_private(events_dir)
         path = f"ipc://{os.path.join(events_dir, name)}.events"
         return path, path
+    if tls:
+        raise ConfigError(f"workers.{name}.kv_events", "tcp",
+                          "with security.tls on, vLLM's KV events (ZMQ: no TLS, no "
+                          "authentication, prompts' token ids) go only over unix sockets in a "
+                          "private vllm.events_dir; `prfaas serve` makes one when every vLLM "
+                          "instance runs on the router's host")
     return f"tcp://*:{port}", f"tcp://{host}:{port}"
 
 
@@ -74,15 +83,6 @@ def check_private(events_dir: str) -> None:
                           f"must be a folder of this user with mode 0700 (it is "
                           f"{oct(st.st_mode & 0o777)}, uid {st.st_uid}): its sockets carry the "
                           f"prompts' token ids without authentication")
-
-
-def tcp_beside_tls(worker: str) -> ConfigError:
-    """The fail-closed refusal of TCP events on a topology with TLS on."""
-    return ConfigError(f"workers.{worker}.kv_events", "tcp",
-                       "with security.tls on, vLLM's KV events (ZMQ: no TLS, no "
-                       "authentication, prompts' token ids) go only over unix sockets in a "
-                       "private vllm.events_dir; `prfaas serve` makes one when every vLLM "
-                       "instance runs on the router's host")
 
 
 def _hashable(value: object) -> Hashable:
