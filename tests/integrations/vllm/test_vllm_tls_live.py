@@ -47,6 +47,7 @@ from vllm_live import (  # noqa: E402
     deployment,
     event_counts,
     post,
+    process_tree,
     prompts,
     routed,
     topology,
@@ -142,9 +143,11 @@ def test_kv_events_reach_the_router_over_private_unix_sockets_beside_tls(live: d
     """vLLM's KV event publisher (ZMQ) has no TLS or authentication and its events carry the
     prompts' token ids, so beside TLS they travel on unix sockets in a private folder the
     launcher made (vllm.events_dir), not on TCP: the events still reach the router (its
-    stored-block count grows after a request), the folder is 0700, and nothing listens on the
-    TCP ports the events would have used. The refusals (TCP events beside TLS, an instance on
-    another host, a folder others can read): test_vllm_events_topology.py."""
+    stored-block count grows after a request; it subscribes to the sockets only), the folder is
+    0700, and the instances were started with a unix-socket endpoint and no TCP one (their command
+    lines; probing the unreserved `events_port` is no evidence: another process may take it).
+    The refusals (TCP events beside TLS, an instance on another host, a folder others can
+    read): test_vllm_events_topology.py."""
     dep = live["dep"]
     s = dep.topology.vllm
     assert s is not None and s.kv_events and s.events_dir is not None
@@ -159,9 +162,10 @@ def test_kv_events_reach_the_router_over_private_unix_sockets_beside_tls(live: d
     assert sorted(os.listdir(s.events_dir)) == sorted(f"{w.name}.events"
                                                       for w in dep.topology.workers)
     for w in dep.topology.workers:
-        assert w.events_port > 0
-        with pytest.raises(OSError), socket.create_connection((w.host, w.events_port), 5):
-            pass
+        configs = [json.loads(cmd[i + 1]) for p in process_tree(dep.pid(w.name))
+                   if "--kv-events-config" in (cmd := p.cmdline())
+                   for i in [cmd.index("--kv-events-config")]]
+        assert [c["endpoint"] for c in configs] == [f"ipc://{s.events_dir}/{w.name}.events"]
 
 
 # -- who may connect ---------------------------------------------------------------------------
