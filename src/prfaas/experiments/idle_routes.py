@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from prfaas.serve.cores import pinned_thread
+
 HOW = ("client TTFT of single requests (fresh random token-id prompts, streaming, greedy, "
        "4 output tokens, ignore_eos) through the topology's router, one at a time with the "
        "deployment otherwise idle; route = the policy's first choice; prefill_s = the "
@@ -42,7 +44,8 @@ def measure(topology: Any, lengths: list[int], log_dir: str | Path, reps: int = 
 
     facts = model_facts(topology)
     usable = [n for n in lengths if n < facts.max_context_tokens - OUTPUT_TOKENS - 1]
-    with deployed(free_ports(topology), Path(log_dir) / "idle-routes") as dep:
+    with (deployed(free_ports(topology), Path(log_dir) / "idle-routes") as dep,
+          pinned_thread(topology.router_cores, "router.cores")):  # the client: as sim-vs-live's
         points = measure_on(dep.url, served_model(dep.url), usable, facts.vocab_size, reps,
                             seed)
     return {"how": HOW, "points": points}

@@ -6,7 +6,9 @@ builder (`serve.router.service.build_policy(topology)`: the live router and the 
 hold one such object), nothing else:
 - live: the topology is started (`Deployment`, free ports), and `bench.loadgen` replays the
   arrivals with fresh random token-id prompts (no prefix hit), streaming, greedy, ignore_eos.
-  TTFT is the client's: request sent -> first streamed token. The route is the router's first
+  TTFT is the client's: request sent -> first streamed token. The load generator runs on the
+  router's `cores` when the topology pins the router (a deployment's clients are not on its
+  prefill instances' cores). The route is the router's first
   decision (`first_route`, before any retry moved the request local). Finish = last byte.
 - sim: `Simulator` on the system the profile describes (hardware, S_kv(l), decode steps), the
   topology's instance counts, link rate and connections. TTFT is `kv_ready_s - arrival_s` (the
@@ -35,6 +37,7 @@ import numpy as np
 
 from prfaas.core.errors import ConfigError
 from prfaas.models.profile_file import load_profile_file, read_profile_file
+from prfaas.serve.cores import pinned_thread
 from prfaas.workload.lengths import LengthDistribution, truncated_lognormal
 from prfaas.workload.requests import Workload
 
@@ -414,8 +417,9 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         startup_s = time.perf_counter() - t0
         tick(f"deployment up in {startup_s:.0f} s")
         for i, w in enumerate(loads):
-            lives.append(live_side(dep.url, served_model(dep.url), w, facts.vocab_size,
-                                   options.seed + 1 + i))
+            with pinned_thread(topology.router_cores, "router.cores"):  # the load generator
+                lives.append(live_side(dep.url, served_model(dep.url), w, facts.vocab_size,
+                                       options.seed + 1 + i))
             tick(f"live load {w.offered_rps():.3f} req/s done")
             time.sleep(1.0)
     entries = []
@@ -450,6 +454,8 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         "profile": {"path": str(profile), **read_profile_file(profile)},
         "policy": topology.policy, "threshold_tokens": t,
         "instances": n, "link_gbps": topology.link.rate_gbps,
+        # where the router and this load generator ran (None: wherever the kernel put them)
+        "router_cores": topology.router_cores,
         "link_sender_burst_bytes": _burst_bytes(topology),
         "planner_capacity_rps": round(capacity, 5),
         "route_overhead_s": overheads, "idle_points": idle["points"],

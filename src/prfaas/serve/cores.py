@@ -6,11 +6,16 @@ topology order; an unpinned worker shares with no one here (it floats over the h
 topology does not describe). The simulator treats each group as instances that slow each other
 while their work overlaps (sim/sharing.py); the profile measures by how much (vLLM:
 integrations/vllm/core_sharing.py).
+`pin`: the calling thread (and what it starts later: threads, processes) on a worker's or the
+router's cores; `pinned_thread`: the same for a block, the thread's own CPUs restored afterwards
+(sim-vs-live's load generator on the router's cores, off the prefill instances').
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prfaas.core.errors import ConfigError
@@ -27,6 +32,32 @@ def parse_cores(cores: str | None) -> set[int] | None:
             raise ConfigError("cores", cores, "expected CPU numbers like 0, 0-1 or 0,2")
         cpus.update(range(int(lo), int(hi or lo) + 1))
     return cpus
+
+
+def pin(cores: str | None, what: str = "cores") -> None:
+    """Pin the calling thread to `cores` (None: leave it); on Linux a process pinned before it
+    starts threads or execs has them all there. A CPU this host lacks: ConfigError."""
+    cpus = parse_cores(cores)
+    if cpus is not None:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as exc:
+            raise ConfigError(what, cores, f"cannot pin to them: {exc}") from exc
+
+
+@contextlib.contextmanager
+def pinned_thread(cores: str | None, what: str = "cores") -> Iterator[None]:
+    """The calling thread on `cores` for the block (None: unchanged), its CPUs restored after.
+    Only this thread and what it starts inside the block: other threads keep theirs."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    pin(cores, what)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def shared_core_groups(workers: Sequence[Any]) -> list[tuple[str, ...]]:

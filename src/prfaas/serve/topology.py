@@ -23,6 +23,7 @@ from prfaas.core.files import read_text
 from prfaas.models.compression import MODES as COMPRESSION_MODES
 from prfaas.models.kv import wire_dtype_name
 from prfaas.security.spec import SecuritySpec, parse_security
+from prfaas.serve.cores import parse_cores
 from prfaas.serve.engines import DEFAULT_ENGINE, backend_class, engine_names
 from prfaas.serve.resilience import (
     AdmissionSpec,
@@ -158,6 +159,9 @@ class Topology:
     policy_args: dict[str, Any] = field(default_factory=lambda: {"threshold_tokens": 1024})
     router_host: str = "127.0.0.1"
     router_port: int = 8000
+    # the CPUs the router's process runs on ("1", "0-1"; None: unpinned): on a shared host, off
+    # the cores of the prefill instances, whose times the simulator predicts (docs/sim-vs-live.md)
+    router_cores: str | None = None
     link: LinkSpec = field(default_factory=lambda: LinkSpec(0.05, 4))
     intra_link: LinkSpec = field(default_factory=lambda: LinkSpec(None, 2))
     timeouts: Timeouts = field(default_factory=Timeouts)
@@ -184,6 +188,8 @@ class Topology:
             raise ConfigError("workers", names, "need at least one prefill worker")
         if not 0 <= self.router_port < 65536:
             raise ConfigError("router.port", self.router_port, "must be in [0, 65535]")
+        if self.router_cores is not None and not parse_cores(self.router_cores):
+            raise ConfigError("router.cores", self.router_cores, "names no CPU")
         backend_class(self.engine).check(self)  # e.g. vllm: needs a `vllm:` section
         supported = backend_class(self.engine).wire_dtypes
         for where, link in (("link", self.link), ("intra_link", self.intra_link)):
@@ -247,7 +253,8 @@ class Topology:
         return {
             "name": self.name, "model": dict(self.model),
             "policy": {"name": self.policy, **self.policy_args},
-            "router": {"host": self.router_host, "port": self.router_port},
+            "router": {"host": self.router_host, "port": self.router_port,
+                       **({"cores": self.router_cores} if self.router_cores is not None else {})},
             "link": {"rate_gbps": self.link.rate_gbps, "connections": self.link.connections,
                      "emulation": self.link.emulation, "delay_stage": self.link.delay_stage,
                      **_wire(self.link)},
@@ -356,7 +363,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
                                                           "threshold_tokens": 1024}
     profile = _profile(m.get("profile"), policy.pop("profile", None), base)
     router = _mapping(m.get("router"), "router")
-    _keys(router, {"host", "port"}, "router")
+    _keys(router, {"host", "port", "cores"}, "router")
     timeouts = _mapping(m.get("timeouts"), "timeouts")
     _keys(timeouts, set(Timeouts.__dataclass_fields__), "timeouts")
     cache = _mapping(m.get("cache"), "cache")
@@ -378,6 +385,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
         model=model,
         policy=str(policy.pop("name", "prfaas-threshold")), policy_args=policy,
         router_host=str(router.get("host", "127.0.0.1")), router_port=int(router.get("port", 8000)),
+        router_cores=None if router.get("cores") is None else str(router["cores"]),
         link=_link(m.get("link"), "link", LinkSpec(0.05, 4)),
         intra_link=_link(m.get("intra_link"), "intra_link", LinkSpec(None, 2)),
         timeouts=Timeouts(**{k: float(v) for k, v in timeouts.items()}),

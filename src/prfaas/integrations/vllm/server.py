@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from prfaas.core.errors import ConfigError, PrfaasError
-from prfaas.serve.cores import parse_cores
+from prfaas.core.errors import PrfaasError
+from prfaas.serve.cores import parse_cores, pin
 from prfaas.serve.vllm_settings import check_idle_spin
 
 KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
@@ -101,12 +101,7 @@ class VllmSpec:
 
     def pin(self) -> None:
         """Pin the calling process (before it execs the server: children inherit it)."""
-        cpus = self.cpu_set()
-        if cpus is not None:
-            try:
-                os.sched_setaffinity(0, cpus)
-            except OSError as exc:
-                raise ConfigError("cores", self.cores, f"cannot pin to them: {exc}") from exc
+        pin(self.cores)
 
     def environ(self) -> dict[str, str]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE":

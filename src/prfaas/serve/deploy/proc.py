@@ -5,7 +5,8 @@
 (aiohttp's run_app turns both into a graceful shutdown that runs every cleanup hook). With
 `security.tls` it loads its own certificate (a bad one: one line, exit 2), and a PrfaaS worker
 serves HTTPS that only the router's certificate opens (serve/worker/tls_server.py). The router reads
-its API key from PRFAAS_API_KEY (never from the topology file, which is written to disk).
+its API key from PRFAAS_API_KEY (never from the topology file, which is written to disk), and
+runs on `router.cores` when the topology names them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from prfaas.core.errors import PrfaasError
 from prfaas.security.apikey import api_key_from_env
 from prfaas.security.certs import ROUTER
 from prfaas.security.tls import Identity
+from prfaas.serve.cores import pin
 from prfaas.serve.engines import engine_backend
 from prfaas.serve.topology import load_topology
 from prfaas.serve.worker.tls_server import Refusals, serve_tls
@@ -48,6 +50,8 @@ def build_app(topology_path: str, name: str) -> Served:
     ident = Identity.load(tls_dir, name) if tls_dir else None  # bad certificates fail here
     if name == "router":
         from prfaas.serve.router.service import RouterService
+
+        pin(topo.router_cores, "router.cores")  # before its threads start: they inherit it
 
         router = RouterService(topo, tls=ident.client_context() if ident else None,
                                api_key=api_key_from_env(), engine=backend)

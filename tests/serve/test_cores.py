@@ -1,0 +1,69 @@
+"""`router.cores` and serve/cores.py's pinning: parsed and checked with the topology, a dumped
+topology keeps them, and a pinned block leaves the thread's CPUs as they were."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prfaas.core.errors import ConfigError
+from prfaas.serve.cores import pin, pinned_thread
+from prfaas.serve.topology import load_topology, parse_topology
+
+VLLM_LOCAL = Path(__file__).resolve().parents[2] / "topologies" / "vllm-local.yaml"
+
+
+def _raw() -> dict:
+    return yaml.safe_load(VLLM_LOCAL.read_text())
+
+
+def test_router_cores_parse_and_survive_a_dump(tmp_path: Path) -> None:
+    topo = load_topology(VLLM_LOCAL)
+    assert topo.router_cores == "1"  # the shipped hybrid topology: off the prefill core 0
+    path = tmp_path / "dumped.yaml"
+    topo.dump(path)
+    assert load_topology(path).router_cores == "1"
+    raw = _raw()
+    del raw["router"]["cores"]
+    assert parse_topology(raw).router_cores is None  # unpinned unless asked
+    assert "cores" not in parse_topology(raw).to_dict()["router"]
+
+
+@pytest.mark.parametrize("bad", ["one", "", "0-x", ","])
+def test_bad_router_cores_are_refused_with_their_value(bad: str) -> None:
+    raw = _raw()
+    raw["router"]["cores"] = bad
+    with pytest.raises(ConfigError, match="cores"):
+        parse_topology(raw)
+
+
+def test_pinned_thread_pins_only_the_block_and_restores() -> None:
+    before = os.sched_getaffinity(0)
+    target = min(before)
+    seen: dict[str, set[int]] = {}
+
+    def other() -> None:
+        seen["other"] = os.sched_getaffinity(0)
+
+    with pinned_thread(str(target)):
+        seen["inside"] = os.sched_getaffinity(0)
+        t = threading.Thread(target=other)  # started inside: inherits the pin
+        t.start()
+        t.join()
+    assert seen["inside"] == {target} == seen["other"]
+    assert os.sched_getaffinity(0) == before
+    with pinned_thread(None):  # unpinned: nothing changes
+        assert os.sched_getaffinity(0) == before
+
+
+def test_pin_to_a_cpu_the_host_lacks_is_a_clear_error() -> None:
+    before = os.sched_getaffinity(0)
+    with pytest.raises(ConfigError, match="cannot pin"), pinned_thread("4095", "router.cores"):
+        pass
+    assert os.sched_getaffinity(0) == before
+    with pytest.raises(ConfigError, match=r"router\.cores"):
+        pin("4095", "router.cores")
