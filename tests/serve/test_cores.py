@@ -67,3 +67,42 @@ def test_pin_to_a_cpu_the_host_lacks_is_a_clear_error() -> None:
     assert os.sched_getaffinity(0) == before
     with pytest.raises(ConfigError, match=r"router\.cores"):
         pin("4095", "router.cores")
+
+
+_PIN_SCRIPT = """
+import os, sys, threading
+from prfaas.serve.cores import pin
+ready, stop = threading.Event(), threading.Event()
+threading.Thread(target=lambda: (ready.set(), stop.wait()), daemon=True).start()
+ready.wait()
+cpu = sys.argv[2]
+if sys.argv[1] == "process":
+    pin(cpu)
+else:  # the control: only the calling thread, as a bare sched_setaffinity(0) does
+    os.sched_setaffinity(0, {int(cpu)})
+tids = [int(t) for t in os.listdir("/proc/self/task")]
+print(",".join(str(c) for c in sorted(set().union(*(os.sched_getaffinity(t) for t in tids)))),
+      len(tids))
+"""
+
+
+def test_pin_moves_threads_started_before_it() -> None:
+    """A process's threads from before the pin (numpy's and torch's pools start at import) are
+    pinned too; the control, pinning only the calling thread, leaves the other one unpinned."""
+    import subprocess
+    import sys
+
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs to tell a pinned thread from an unpinned one")
+    target = min(cpus)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+
+    def union(mode: str) -> str:
+        out = subprocess.run([sys.executable, "-c", _PIN_SCRIPT, mode, str(target)],
+                             capture_output=True, text=True, timeout=120, check=True,
+                             env={**os.environ, "PYTHONPATH": src})
+        return out.stdout.split()[0]
+
+    assert union("process") == str(target)
+    assert union("thread") == ",".join(str(c) for c in sorted(cpus))

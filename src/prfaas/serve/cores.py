@@ -6,8 +6,8 @@ topology order; an unpinned worker shares with no one here (it floats over the h
 topology does not describe). The simulator treats each group as instances that slow each other
 while their work overlaps (sim/sharing.py); the profile measures by how much (vLLM:
 integrations/vllm/core_sharing.py).
-`pin`: the calling thread (and what it starts later: threads, processes) on a worker's or the
-router's cores; `pinned_thread`: the same for a block, the thread's own CPUs restored afterwards
+`pin`: this whole process (every thread, and what it starts later) on a worker's or the
+router's cores; `pinned_thread`: the calling thread only, for a block, its CPUs restored afterwards
 (sim-vs-live's load generator on the router's cores, off the prefill instances').
 """
 
@@ -35,14 +35,23 @@ def parse_cores(cores: str | None) -> set[int] | None:
 
 
 def pin(cores: str | None, what: str = "cores") -> None:
-    """Pin the calling thread to `cores` (None: leave it); on Linux a process pinned before it
-    starts threads or execs has them all there. A CPU this host lacks: ConfigError."""
+    """Pin this whole process to `cores` (None: leave it): every thread it has now (numpy's
+    and torch's pools start at import) and, inherited, every thread and process it starts
+    later. A CPU this host lacks: ConfigError."""
     cpus = parse_cores(cores)
-    if cpus is not None:
-        try:
-            os.sched_setaffinity(0, cpus)
-        except OSError as exc:
-            raise ConfigError(what, cores, f"cannot pin to them: {exc}") from exc
+    if cpus is None:
+        return
+    for tid in [0, *(int(t) for t in os.listdir("/proc/self/task"))]:
+        _set(tid, cpus, cores, what)
+
+
+def _set(tid: int, cpus: set[int], cores: str | None, what: str) -> None:
+    try:
+        os.sched_setaffinity(tid, cpus)
+    except ProcessLookupError:  # a thread that ended meanwhile
+        pass
+    except OSError as exc:
+        raise ConfigError(what, cores, f"cannot pin to them: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -53,7 +62,9 @@ def pinned_thread(cores: str | None, what: str = "cores") -> Iterator[None]:
         yield
         return
     before = os.sched_getaffinity(0)
-    pin(cores, what)
+    cpus = parse_cores(cores)
+    assert cpus is not None
+    _set(0, cpus, cores, what)
     try:
         yield
     finally:
