@@ -22,15 +22,15 @@ def _raw() -> dict:
 
 
 def test_router_cores_parse_and_survive_a_dump(tmp_path: Path) -> None:
-    topo = load_topology(VLLM_LOCAL)
-    assert topo.router_cores == "1"  # the shipped hybrid topology: off the prefill core 0
+    raw = _raw()
+    assert parse_topology(raw).router_cores is None  # unpinned unless asked
+    assert "cores" not in parse_topology(raw).to_dict()["router"]
+    raw["router"]["cores"] = "1"
+    topo = parse_topology(raw)
+    assert topo.router_cores == "1"
     path = tmp_path / "dumped.yaml"
     topo.dump(path)
     assert load_topology(path).router_cores == "1"
-    raw = _raw()
-    del raw["router"]["cores"]
-    assert parse_topology(raw).router_cores is None  # unpinned unless asked
-    assert "cores" not in parse_topology(raw).to_dict()["router"]
 
 
 @pytest.mark.parametrize("bad", ["one", "", "0-x", ","])

@@ -81,12 +81,14 @@ PDP_BLOCKS = 64  # pdp-0's KV cache (--num-gpu-blocks-override): its evictions a
 
 def _live(root: Path) -> Iterator[dict[str, Any]]:
     """vllm-local.yaml's deployment with the instances' KV events on (the router's prefix
-    state comes from them) and pdp-0's cache cut to PDP_BLOCKS blocks of 256 tokens."""
+    state comes from them), pdp-0's cache cut to PDP_BLOCKS blocks of 256 tokens and the
+    router pinned to core 1 (`router.cores`)."""
     model = build("qwen3_next", root)
     topo = topology("vllm-local.yaml", model)
     assert topo.vllm is not None
     topo = dataclasses.replace(
-        topo, vllm=dataclasses.replace(topo.vllm, kv_events=True), workers=tuple(
+        topo, vllm=dataclasses.replace(topo.vllm, kv_events=True), router_cores="1",
+        workers=tuple(
             dataclasses.replace(w, vllm_args=(*w.vllm_args, "--num-gpu-blocks-override",
                                               str(PDP_BLOCKS))) if w.name == "pdp-0" else w
             for w in topo.workers))
