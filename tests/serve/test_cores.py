@@ -106,3 +106,68 @@ def test_pin_moves_threads_started_before_it() -> None:
 
     assert union("process") == str(target)
     assert union("thread") == ",".join(str(c) for c in sorted(cpus))
+
+
+def _thread_cpus(pid: int) -> set[int]:
+    """The union of the CPUs every thread of process `pid` may run on, from the kernel."""
+    from prfaas.serve.cores import parse_cores
+
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                out |= parse_cores(line.split(":", 1)[1].strip()) or set()
+    return out
+
+
+def _router_cpus(tmp_path: Path, cores: str | None) -> set[int]:
+    """Start the router process of local.yaml (free port, `router.cores` = `cores`; its
+    workers need not run) until it answers /health, read its threads' CPUs, stop it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from prfaas.serve.topology import free_port
+
+    local = Path(__file__).resolve().parents[2] / "topologies" / "local.yaml"
+    raw = yaml.safe_load(local.read_text())
+    raw["router"] = {"host": "127.0.0.1", "port": free_port("127.0.0.1"),
+                     **({"cores": cores} if cores is not None else {})}
+    path = tmp_path / f"router-{cores}.yaml"
+    parse_topology(raw, base=local.parent).dump(path)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    proc = subprocess.Popen([sys.executable, "-m", "prfaas.serve.deploy.proc", "--topology",
+                             str(path), "--name", "router"], env={**os.environ, "PYTHONPATH": src},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        url = f"http://127.0.0.1:{raw['router']['port']}/health"
+        while True:
+            assert proc.poll() is None, "the router exited"
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "router not up in 120 s"
+                time.sleep(0.2)
+        return _thread_cpus(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_the_router_process_runs_on_router_cores(tmp_path: Path) -> None:
+    """Every thread of a router started with `router.cores` is on them, read from the kernel
+    once it serves; the control, the same router without them, runs anywhere this test can."""
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs to tell a pinned process from an unpinned one")
+    target = max(cpus)
+    assert _router_cpus(tmp_path, str(target)) == {target}
+    assert _router_cpus(tmp_path, None) == cpus

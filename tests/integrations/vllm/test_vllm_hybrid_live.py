@@ -81,14 +81,12 @@ PDP_BLOCKS = 64  # pdp-0's KV cache (--num-gpu-blocks-override): its evictions a
 
 def _live(root: Path) -> Iterator[dict[str, Any]]:
     """vllm-local.yaml's deployment with the instances' KV events on (the router's prefix
-    state comes from them), pdp-0's cache cut to PDP_BLOCKS blocks of 256 tokens and the
-    router pinned to core 1 (`router.cores`)."""
+    state comes from them) and pdp-0's cache cut to PDP_BLOCKS blocks of 256 tokens."""
     model = build("qwen3_next", root)
     topo = topology("vllm-local.yaml", model)
     assert topo.vllm is not None
     topo = dataclasses.replace(
-        topo, vllm=dataclasses.replace(topo.vllm, kv_events=True), router_cores="1",
-        workers=tuple(
+        topo, vllm=dataclasses.replace(topo.vllm, kv_events=True), workers=tuple(
             dataclasses.replace(w, vllm_args=(*w.vllm_args, "--num-gpu-blocks-override",
                                               str(PDP_BLOCKS))) if w.name == "pdp-0" else w
             for w in topo.workers))
@@ -363,32 +361,6 @@ def test_pinned_instances_stop_spinning_after_a_step(live: dict) -> None:
             break
     print(f"\nCPU-s in the 0.8 s after a step: {seen}")
     assert used["ref"] > 0.1 and used["pdp-0"] < used["ref"] / 3, seen
-
-
-def _cpus(proc: Any) -> set[int]:
-    """The CPUs this process and every one of its threads may run on (their union)."""
-    import os
-
-    return set().union(*(os.sched_getaffinity(t.id) for t in proc.threads()))
-
-
-def test_router_and_instances_run_on_the_topologys_cores(live: dict) -> None:
-    """router.cores "1" and the workers' cores, read from the kernel for every thread of every
-    process of each component; the control is this (unpinned) test process, read the same way."""
-    import os
-
-    dep = live["dep"]
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs 2 CPUs to tell a pinned process from an unpinned one")
-    assert dep.topology.router_cores == "1"
-    assert _cpus(process_tree(dep.pid("router"))[-1]) == {1}
-    for w in dep.topology.workers:
-        tree = process_tree(dep.pid(w.name))
-        assert {frozenset(_cpus(p)) for p in tree} == {frozenset({int(w.cores)})}, w.name
-    # the control: this process (the launcher's) is not pinned, and the same reading says so
-    import psutil
-
-    assert _cpus(psutil.Process()) == os.sched_getaffinity(0) != {1}
 
 
 def test_hybrid_long_prompt_goes_through_the_router_on_prfaas(live: dict) -> None:
