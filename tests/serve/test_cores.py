@@ -123,12 +123,12 @@ def _thread_cpus(pid: int) -> set[int]:
 def _router_cpus(tmp_path: Path, cores: str | None) -> set[int]:
     """Start the router process of local.yaml (free port, `router.cores` = `cores`; its
     workers need not run) until it answers /health, read its threads' CPUs, stop it."""
-    import signal
     import subprocess
     import sys
     import time
     import urllib.request
 
+    from prfaas.serve.deploy.launcher import reap, terminate
     from prfaas.serve.topology import free_port
 
     local = Path(__file__).resolve().parents[2] / "topologies" / "local.yaml"
@@ -154,12 +154,8 @@ def _router_cpus(tmp_path: Path, cores: str | None) -> set[int]:
                 time.sleep(0.2)
         return _thread_cpus(proc.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        terminate([proc])
+        reap([proc], 30.0)
 
 
 def test_the_router_process_runs_on_router_cores(tmp_path: Path) -> None:
