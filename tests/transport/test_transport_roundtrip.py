@@ -269,3 +269,31 @@ def test_send_array_lets_the_connections_start_before_the_next_tensor() -> None:
         assert len(kv.layers) == 4
 
     run(body())
+
+
+def test_chunk_size_follows_the_link_unless_configured() -> None:
+    """Unshaped links cut tensors in UNSHAPED_CHUNK_BYTES chunks (fewer frames: less per-frame
+    work on both sides), shaped ones in SHAPED_CHUNK_BYTES (the bucket paces frame by frame);
+    an explicit `chunk_bytes` wins. On the wire: an 8 MiB tensor unshaped is 2 DATA frames, and
+    8 with `chunk_bytes=1 MiB` (the control)."""
+    from prfaas.transport.sender import SHAPED_CHUNK_BYTES, UNSHAPED_CHUNK_BYTES
+
+    assert (SHAPED_CHUNK_BYTES, UNSHAPED_CHUNK_BYTES) == (1 << 20, 4 << 20)
+    assert KVSender("127.0.0.1", 1).chunk_bytes == UNSHAPED_CHUNK_BYTES
+    assert KVSender("127.0.0.1", 1, SenderConfig(rate_gbps=1.0)).chunk_bytes == 1 << 20
+    assert KVSender("127.0.0.1", 1, bucket=TokenBucket(1.0)).chunk_bytes == 1 << 20
+    assert KVSender("127.0.0.1", 1, SenderConfig(chunk_bytes=4096)).chunk_bytes == 4096
+    frames: dict[int | None, int] = {}
+
+    async def body() -> None:
+        for chunk in (None, 1 << 20):
+            async with KVReceiver() as rx:
+                cfg = SenderConfig(num_connections=2, chunk_bytes=chunk)
+                async with KVSender("127.0.0.1", rx.port, cfg) as tx:
+                    await tx.send_array(1, 0, "mla", "kv", np.ones(8 << 20, np.uint8))
+                    await tx.finish(1)
+                    await rx.wait_request(1, timeout_s=10)
+                    frames[chunk] = tx.stats().sent_frames - 2  # less the two END frames
+
+    run(body())
+    assert frames == {None: 2, 1 << 20: 8}
