@@ -50,6 +50,7 @@ from prfaas.security.tls import Identity, server_context_for
 from prfaas.transport import KVSender, SenderConfig
 from prfaas.transport.process import ReceiverProcess, digest_arrays
 from prfaas.transport.receiver import ReceiverConfig
+from prfaas.transport.sender import SHAPED_CHUNK_BYTES, UNSHAPED_CHUNK_BYTES
 from prfaas.transport.wire import VERSION, payload_checksum
 from transport_baselines import Baseline
 
@@ -256,7 +257,8 @@ def write(shaped: list[dict[str, Any]], table: dict[str, Any], checksums: dict[s
         "how": __doc__,
         "repeats": repeats,
         "layer_bytes": LAYER_BYTES,
-        "sender_defaults": {"chunk_bytes": SenderConfig().chunk_bytes,
+        "sender_defaults": {"chunk_bytes_unshaped": UNSHAPED_CHUNK_BYTES,
+                            "chunk_bytes_shaped": SHAPED_CHUNK_BYTES,
                             "max_inflight_bytes": SenderConfig().max_inflight_bytes},
         "must_show": {
             "target": "shaped goodput >= 0.9 x configured rate for transfers >= 64 MB",

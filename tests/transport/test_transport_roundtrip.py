@@ -158,8 +158,47 @@ def test_sender_sees_receiver_vanish_mid_transfer() -> None:
                 for layer in range(400):  # 400 MiB cannot all sit in socket buffers
                     await tx.send_array(10, layer, "mla", "kv", np.ones(1 << 20, np.uint8))
                 await tx.finish(10)
+            # the first failure broke the sender: every later call raises it, none queues
+            with pytest.raises((PeerGone, TransferTimeout)):
+                await tx.send_array(11, 0, "mla", "kv", np.ones(10, np.uint8))
+            with pytest.raises((PeerGone, TransferTimeout)):
+                await tx.finish(11)
+            assert tx.peer_closed()
 
     run(body(), timeout_s=30)
+
+
+def test_unshaped_backpressure_blocks_while_the_peer_does_not_read() -> None:
+    """Unshaped frames go straight to the connections' writer threads; a peer that accepts
+    but never reads fills the socket buffers, the writers block in the kernel, and send_array
+    must then wait with at most `max_inflight_bytes` pending (control: the same transfer to a
+    reading receiver completes under the same budget)."""
+    import socket
+
+    budget = 1 << 20
+
+    async def body() -> None:
+        monitor = LinkMonitor()
+        with socket.create_server(("127.0.0.1", 0)) as lsock:  # accepts (backlog), never reads
+            cfg = SenderConfig(num_connections=2, max_inflight_bytes=budget)
+            async with KVSender("127.0.0.1", lsock.getsockname()[1], cfg, monitor) as tx:
+                async def send_all() -> None:
+                    for layer in range(256):  # 256 MiB: more than loopback buffers hold
+                        await tx.send_array(1, layer, "mla", "kv", np.ones(1 << 20, np.uint8))
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(send_all(), 2.0)
+                assert 0 < monitor.pending_bytes <= budget + 116
+                assert tx.stats().sent_bytes < 256 << 20
+        async with KVReceiver() as rx:  # control: a reading peer takes it all
+            cfg = SenderConfig(num_connections=2, max_inflight_bytes=budget)
+            async with KVSender("127.0.0.1", rx.port, cfg) as tx:
+                for layer in range(64):
+                    await tx.send_array(2, layer, "mla", "kv", np.ones(1 << 20, np.uint8))
+                await tx.finish(2)
+                kv = await rx.wait_request(2, timeout_s=20)
+        assert len(kv.layers) == 64
+
+    run(body(), timeout_s=60)
 
 
 def test_receiver_lands_tensors_in_caller_memory() -> None:
@@ -206,17 +245,23 @@ def test_two_senders_on_one_bucket_share_the_link_rate() -> None:
 
 
 def test_send_array_lets_the_connections_start_before_the_next_tensor() -> None:
-    """A caller queueing a whole request in a row: the first tensor's chunks are taken up by
-    the idle connections' pumps before send_array returns, instead of `max_inflight_bytes`
-    queueing first (issue 23: the first byte left 2-11 ms into a transfer). Deterministic:
-    one loop, no timing (the pumps wait in queue.get, their wake-ups run at the yield)."""
+    """A caller queueing a whole request in a row: the first tensor's chunks are in the
+    connections' writer threads' hands before send_array returns, instead of
+    `max_inflight_bytes` queueing first (issue 23: the first byte left 2-11 ms into a
+    transfer). Deterministic: what was handed over is counted at the hand-over, no timing."""
+    handed: list[int] = []
+
     async def body() -> None:
         async with KVReceiver() as rx:
             cfg = SenderConfig(num_connections=2, chunk_bytes=64 << 10)
             async with KVSender("127.0.0.1", rx.port, cfg) as tx:
+                for i, s in enumerate(tx._streams):
+                    assert s.writer is not None
+                    put = s.writer.put
+                    s.writer.put = lambda f, put=put, i=i: (handed.append(i), put(f))[1]  # type: ignore[method-assign]
                 await tx.send_array(5, 0, "mla", "kv", np.ones(128 << 10, np.uint8))
-                # both chunks were handed to a pump (none still queued); the old code: 2
-                assert [s.queue.qsize() for s in tx._streams] == [0, 0]
+                # one chunk to each connection's writer (the executor-per-batch code: none yet)
+                assert sorted(handed) == [0, 1]
                 for layer in range(1, 4):
                     await tx.send_array(5, layer, "mla", "kv", np.ones(128 << 10, np.uint8))
                 await tx.finish(5)
@@ -224,3 +269,31 @@ def test_send_array_lets_the_connections_start_before_the_next_tensor() -> None:
         assert len(kv.layers) == 4
 
     run(body())
+
+
+def test_chunk_size_follows_the_link_unless_configured() -> None:
+    """Unshaped links cut tensors in UNSHAPED_CHUNK_BYTES chunks (fewer frames: less per-frame
+    work on both sides), shaped ones in SHAPED_CHUNK_BYTES (the bucket paces frame by frame);
+    an explicit `chunk_bytes` wins. On the wire: an 8 MiB tensor unshaped is 2 DATA frames, and
+    8 with `chunk_bytes=1 MiB` (the control)."""
+    from prfaas.transport.sender import SHAPED_CHUNK_BYTES, UNSHAPED_CHUNK_BYTES
+
+    assert (SHAPED_CHUNK_BYTES, UNSHAPED_CHUNK_BYTES) == (1 << 20, 4 << 20)
+    assert KVSender("127.0.0.1", 1).chunk_bytes == UNSHAPED_CHUNK_BYTES
+    assert KVSender("127.0.0.1", 1, SenderConfig(rate_gbps=1.0)).chunk_bytes == 1 << 20
+    assert KVSender("127.0.0.1", 1, bucket=TokenBucket(1.0)).chunk_bytes == 1 << 20
+    assert KVSender("127.0.0.1", 1, SenderConfig(chunk_bytes=4096)).chunk_bytes == 4096
+    frames: dict[int | None, int] = {}
+
+    async def body() -> None:
+        for chunk in (None, 1 << 20):
+            async with KVReceiver() as rx:
+                cfg = SenderConfig(num_connections=2, chunk_bytes=chunk)
+                async with KVSender("127.0.0.1", rx.port, cfg) as tx:
+                    await tx.send_array(1, 0, "mla", "kv", np.ones(8 << 20, np.uint8))
+                    await tx.finish(1)
+                    await rx.wait_request(1, timeout_s=10)
+                    frames[chunk] = tx.stats().sent_frames - 2  # less the two END frames
+
+    run(body())
+    assert frames == {None: 2, 1 << 20: 8}

@@ -10,25 +10,29 @@ the caller opens a new sender. Arrays must not be modified until `finish` return
 With `tls` (an ssl.SSLContext holding this side's certificate) every connection is TLS,
 `server_name` is the name the receiver's certificate must carry, and DATA frames carry no
 payload checksum (the TLS records authenticate them).
-With `compression` (lz4, zstd, or auto) each DATA chunk is compressed by the connection's
-thread before it is paced and sent (transport/codec.py), and travels compressed when that makes
+With `compression` (lz4, zstd, or auto) each DATA chunk is compressed (transport/codec.py) by
+the connection's writer thread just before it is sent, or on a shaped link by a worker thread
+before it is paced (the bucket counts wire bytes), and travels compressed when that makes
 it smaller; `auto` measures both codecs on the first `AUTO_SAMPLE_MIN_BYTES` or more of KV it is
 given (one tensor, or the first tensors together, at most `AUTO_SAMPLE_MAX_BYTES`) and keeps the
 choice of policy/compression.py for the sender's life (`codec`, `codec_speeds`); what is queued
 before that travels raw.
 Backpressure and pending bytes count tensor bytes; the token bucket, `stats()` and the link
 monitor's sent bytes count wire bytes.
+Each connection has one writer thread (transport/writer.py) that owns its socket: unshaped
+frames are handed to it as they are queued, shaped ones once the bucket releases them; it
+reports what it wrote to the loop per batch, where `stats()`, the monitor and the room under
+`max_inflight_bytes` are updated.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import select
 import socket
 import ssl
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -42,7 +46,7 @@ from prfaas.transport.channel import Channel, TlsChannel, TlsRefused
 from prfaas.transport.errors import ConnectFailed
 from prfaas.transport.monitor import LinkMonitor
 from prfaas.transport.shaper import TokenBucket
-from prfaas.transport.sockio import translate, tune, with_timeout
+from prfaas.transport.sockio import tune, with_timeout
 from prfaas.transport.tcpinfo import tcp_retransmits
 from prfaas.transport.wire import (
     HEADER_BYTES,
@@ -57,9 +61,16 @@ from prfaas.transport.wire import (
     seal_header,
 )
 from prfaas.transport.wire import kind_code as to_kind
+from prfaas.transport.writer import ConnectionWriter
 
-THREAD_MIN_BYTES = 64 * 1024  # frames at least this big are written from a worker thread
-BATCH_BYTES = 8 * MIB  # an unshaped stream writes up to this much queued data per thread job
+THREAD_MIN_BYTES = 64 * 1024  # shaped links compress payloads this big in a worker thread
+# Chunk size when `chunk_bytes` is None: a shaped link paces frame by frame, so its frames stay
+# small; an unshaped one pays per-frame work (a header, its sealing, a sendmsg, a GIL hand-over,
+# and on the receiver the same) that issue 23's probes put at 0.71 -> 0.80 of a plain socket's
+# goodput at 8 connections going from 1 to 4 MiB.
+SHAPED_CHUNK_BYTES = MIB
+UNSHAPED_CHUNK_BYTES = 4 * MIB
+REPORT_BYTES = 8 * MIB  # a writer reports its sent frames to the loop per batch of at most this
 AUTO_SAMPLE_MIN_BYTES = 256 * 1024  # `compression: auto` decides on a tensor at least this big
 AUTO_SAMPLE_MAX_BYTES = 4 * MIB  # ... measuring the codecs on at most this much of it
 
@@ -67,7 +78,7 @@ AUTO_SAMPLE_MAX_BYTES = 4 * MIB  # ... measuring the codecs on at most this much
 @dataclass(frozen=True, slots=True)
 class SenderConfig:
     num_connections: int = 4
-    chunk_bytes: int = MIB
+    chunk_bytes: int | None = None  # None: SHAPED_CHUNK_BYTES or UNSHAPED_CHUNK_BYTES
     max_inflight_bytes: int = 64 * MIB
     rate_gbps: float | None = None  # None: unshaped
     burst_bytes: int | None = None  # None: TokenBucket's default
@@ -81,7 +92,7 @@ class SenderConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_connections", "chunk_bytes", "max_inflight_bytes"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(name, getattr(self, name), "must be positive")
         for name in ("connect_timeout_s", "io_timeout_s", "finish_timeout_s"):
             if not getattr(self, name) > 0:
@@ -113,9 +124,10 @@ class _Frame:
         head = HEADER_BYTES if isinstance(self.header, FrameHeader) else len(self.header)
         return head + len(self.payload)
 
-    def header_bytes(self) -> bytes:
+    def parts(self) -> list[bytes | memoryview]:
+        """Header (sealed now: its payload CRC, GIL released) and payload, to write in order."""
         h = self.header
-        return h if isinstance(h, bytes) else seal_header(h, self.payload)
+        return [h if isinstance(h, bytes) else seal_header(h, self.payload), self.payload]
 
     def pack(self) -> None:
         """Compress the payload when the frame asks for it and it shrinks (any thread)."""
@@ -126,11 +138,6 @@ class _Frame:
         if packed is not None:
             self.header = packed_header(self.header, codecs.codec_id(name), len(packed))
             self.payload = packed
-
-
-def _pack_batch(batch: list[_Frame]) -> None:
-    for f in batch:
-        f.pack()
 
 
 @dataclass(slots=True)
@@ -145,7 +152,10 @@ class _Request:
 @dataclass(slots=True)
 class _Stream:
     chan: Channel
-    queue: asyncio.Queue[_Frame] = field(default_factory=asyncio.Queue)
+    writer: ConnectionWriter | None = None  # the thread that writes this connection's frames
+    # frames waiting for the token bucket (shaped links only: unshaped ones go to the writer)
+    paced: asyncio.Queue[_Frame] = field(default_factory=asyncio.Queue)
+    failed: asyncio.Future[None] | None = None  # the writer's first failure
     queued_bytes: int = 0
     sent_bytes: int = 0
     sent_frames: int = 0
@@ -176,10 +186,12 @@ class KVSender:
         if bucket is None and self.config.rate_gbps is not None:
             bucket = TokenBucket(self.config.rate_gbps, self.config.burst_bytes)
         self._bucket = bucket
+        self.chunk_bytes = self.config.chunk_bytes or (
+            SHAPED_CHUNK_BYTES if bucket is not None else UNSHAPED_CHUNK_BYTES)
         self._streams: list[_Stream] = []
         self._requests: dict[int, _Request] = {}
         self._inflight_bytes = 0
-        self._space = asyncio.Condition()
+        self._space: list[asyncio.Future[None]] = []  # `_enqueue`s waiting for room
         self._error: TransportError | None = None
         self._pool: ThreadPoolExecutor | None = None
         mode = self.config.compression
@@ -199,8 +211,13 @@ class KVSender:
 
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
-        self._pool = ThreadPoolExecutor(self.config.num_connections, "kv-send")
-        for i in range(self.config.num_connections):
+        n = self.config.num_connections
+        self._pool = ThreadPoolExecutor(n, "kv-pack")  # compression: `auto`'s measurement, and
+        # shaped links' payloads (compressed before they are paced); threads start on demand
+        # Completions are reported per batch of about this much (every batch when idle): small
+        # enough that the connections' unreported bytes leave `max_inflight_bytes` room.
+        report_bytes = max(1, min(REPORT_BYTES, self.config.max_inflight_bytes // (2 * n)))
+        for i in range(n):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             tune(sock)
             what = f"connect {self.host}:{self.port} (connection {i})"
@@ -212,21 +229,13 @@ class KVSender:
                 sock.close()
                 await self.close()
                 raise ConnectFailed(str(exc)) from exc
-            stream = _Stream(chan)
-            stream.task = asyncio.create_task(self._pump(i, stream))
+            stream = _Stream(chan, failed=loop.create_future())
+            stream.writer = ConnectionWriter(
+                chan, f"send to {self.host}:{self.port} (connection {i})",
+                self.config.io_timeout_s, report_bytes,
+                functools.partial(self._sent, stream), functools.partial(_resolve, stream))
+            stream.task = asyncio.create_task(self._pump(stream))
             self._streams.append(stream)
-        await self._start_threads()
-
-    async def _start_threads(self) -> None:
-        """Start the pool's threads now, not inside the first transfer: a thread start waits
-        for the new thread to take the GIL, which busy threads hand over only every switch
-        interval (5 ms); issue 23's profile of a fresh sender found ~6 ms per thread, ~60 ms
-        of a 256 MiB transfer at 8 connections, with the loop blocked meanwhile."""
-        assert self._pool is not None
-        n, loop = self.config.num_connections, asyncio.get_running_loop()
-        meet = threading.Barrier(n, timeout=self.config.connect_timeout_s)
-        # n jobs that wait for each other occupy n threads: the pool starts all of them.
-        await asyncio.gather(*(loop.run_in_executor(self._pool, _meet, meet) for _ in range(n)))
 
     async def _open_channel(self, sock: socket.socket, what: str) -> Channel:
         if self.tls is None:
@@ -255,7 +264,7 @@ class KVSender:
         req = self._requests.setdefault(request_id, _Request())
         req.num_tensors += 1
         req.tensor_bytes += len(view)
-        step, shape, crc = self.config.chunk_bytes, tuple(array.shape), self.tls is None
+        step, shape, crc = self.chunk_bytes, tuple(array.shape), self.tls is None
         for offset in range(0, max(len(view), 1), step):
             chunk = view[offset : offset + step]
             header = data_header_unsealed(request_id, layer, kind_c, name, code, shape,
@@ -281,7 +290,8 @@ class KVSender:
     async def _choose_codec(self, sample: list[memoryview]) -> None:
         """`auto`: time the codecs on real KV (in a thread) and fix the choice."""
         loop = asyncio.get_running_loop()
-        speeds = await loop.run_in_executor(self._pool, codecs.measure, sample)
+        speeds = await loop.run_in_executor(self._pool, functools.partial(
+            codecs.measure, sample, chunk_bytes=self.chunk_bytes))
         if self.codec is None:  # (another send_array may have decided meanwhile)
             rate = self.config.link_rate_gbps or self.config.rate_gbps
             self.codec_speeds = speeds
@@ -313,6 +323,8 @@ class KVSender:
 
     async def close(self) -> None:
         for stream in self._streams:
+            if stream.writer is not None:
+                stream.writer.stop()
             if stream.task is not None:
                 stream.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, TransportError):
@@ -325,6 +337,7 @@ class KVSender:
         if self.monitor is not None:  # what never left is no longer pending on this link
             self.monitor.remove_pending(self._inflight_bytes)
         self._inflight_bytes = 0
+        self._wake()
 
     def peer_closed(self) -> bool:
         """Whether the receiver closed or reset any connection (or one already failed). The
@@ -364,14 +377,15 @@ class KVSender:
 
     async def _enqueue(self, frame: _Frame, stream: _Stream) -> None:
         n = frame.nbytes
-
-        def may_go() -> bool:
-            # A frame bigger than the whole budget still passes when nothing else is in flight.
-            fits = self._inflight_bytes + n <= self.config.max_inflight_bytes
-            return self._error is not None or self._inflight_bytes == 0 or fits
-
-        async with self._space:
-            await self._space.wait_for(may_go)
+        # A frame bigger than the whole budget still passes when nothing else is in flight.
+        while not (self._error is not None or self._inflight_bytes == 0
+                   or self._inflight_bytes + n <= self.config.max_inflight_bytes):
+            space = asyncio.get_running_loop().create_future()
+            self._space.append(space)
+            try:
+                await space
+            finally:
+                space.cancel()  # (a no-op once woken)
         self._check()
         frame.queued_nbytes = n
         self._inflight_bytes += n
@@ -381,7 +395,18 @@ class KVSender:
         req = self._requests[frame.request_id]
         req.unsent_frames += 1
         req.drained.clear()
-        stream.queue.put_nowait(frame)
+        if self._bucket is not None:
+            stream.paced.put_nowait(frame)
+        else:
+            assert stream.writer is not None
+            stream.writer.put(frame)
+
+    def _wake(self) -> None:
+        """Wake every `_enqueue` waiting for space (each checks again)."""
+        space, self._space = self._space, []
+        for fut in space:
+            if not fut.done():
+                fut.set_result(None)
 
     async def _await_drained(self, request_id: int, req: _Request, timeout_s: float | None
                              ) -> None:
@@ -401,86 +426,67 @@ class KVSender:
     def _pump_tasks(self) -> list[asyncio.Task[None]]:
         return [s.task for s in self._streams if s.task is not None]
 
-    async def _pump(self, index: int, stream: _Stream) -> None:
-        """Write one connection's frames in order; the first failure breaks the sender."""
-        what = f"send to {self.host}:{self.port} (connection {index})"
-        loop, timeout_s = asyncio.get_running_loop(), self.config.io_timeout_s
+    async def _pump(self, stream: _Stream) -> None:
+        """Until the connection's writer fails (then the sender breaks); on a shaped link, also
+        pace its frames through the token bucket one at a time (compressed first: the bucket
+        counts wire bytes) before the writer gets them."""
+        assert stream.failed is not None and stream.writer is not None
         try:
-            while True:
-                batch = self._batch(stream, await stream.queue.get())
-                await self._pack(batch, what)
-                nbytes = sum(f.nbytes for f in batch)
-                if self._bucket is not None:
-                    await self._bucket.acquire(nbytes)
-                if nbytes >= THREAD_MIN_BYTES:
-                    await with_timeout(loop.run_in_executor(
-                        self._pool, _send_batch_sync, stream.chan, batch, timeout_s), None, what)
+            if self._bucket is None:
+                await stream.failed
+                return
+            pacing = asyncio.ensure_future(self._pace(stream, self._bucket, stream.writer))
+            try:
+                await asyncio.wait([stream.failed, pacing], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                pacing.cancel()
+            stream.failed.result() if stream.failed.done() else pacing.result()
+        except TransportError as exc:
+            self._fail(exc)
+
+    async def _pace(self, stream: _Stream, bucket: TokenBucket, writer: ConnectionWriter
+                    ) -> None:
+        while True:
+            frame = await stream.paced.get()
+            if frame.codec:
+                if len(frame.payload) < THREAD_MIN_BYTES:
+                    frame.pack()
                 else:
-                    for f in batch:
-                        await with_timeout(stream.chan.send_frame(f.header_bytes(), f.payload),
-                                           timeout_s, what)
-                for f in batch:
-                    await self._sent(stream, f)
-        except (TransportError, OSError) as exc:
-            await self._fail(translate(exc, what))
+                    loop = asyncio.get_running_loop()
+                    await with_timeout(loop.run_in_executor(self._pool, frame.pack), None,
+                                       writer.what)
+            await bucket.acquire(frame.nbytes)
+            writer.put(frame)
 
-    async def _pack(self, batch: list[_Frame], what: str) -> None:
-        """Compress the batch's payloads before they are paced (the bucket counts wire
-        bytes): in a worker thread, or on the loop when the batch is small."""
-        if not any(f.codec for f in batch):
-            return
-        if sum(len(f.payload) for f in batch) < THREAD_MIN_BYTES:
-            _pack_batch(batch)
-            return
-        loop = asyncio.get_running_loop()
-        await with_timeout(loop.run_in_executor(self._pool, _pack_batch, batch), None, what)
-
-    def _batch(self, stream: _Stream, first: _Frame) -> list[_Frame]:
-        """`first` plus what is already queued behind it (one frame at a time when shaped, so
-        the token bucket paces frames, not bursts of them)."""
-        batch, nbytes = [first], first.nbytes
-        while self._bucket is None and nbytes < BATCH_BYTES and not stream.queue.empty():
-            batch.append(stream.queue.get_nowait())
-            nbytes += batch[-1].nbytes
-        return batch
-
-    async def _sent(self, stream: _Stream, frame: _Frame) -> None:
-        n, wire = frame.queued_nbytes, frame.nbytes
-        stream.queued_bytes -= n
+    def _sent(self, stream: _Stream, frames: list[_Frame]) -> None:
+        """On the loop: a batch of the stream's frames is in the kernel."""
+        queued = wire = 0
+        for frame in frames:
+            queued += frame.queued_nbytes
+            wire += frame.nbytes
+            req = self._requests[frame.request_id]
+            req.unsent_frames -= 1
+            if isinstance(frame.header, FrameHeader):  # a DATA frame
+                req.wire_payload_bytes += len(frame.payload)
+                self._compressed_frames += frame.header.codec != 0
+            if req.unsent_frames == 0:
+                req.drained.set()
+        stream.queued_bytes -= queued
         stream.sent_bytes += wire
-        stream.sent_frames += 1
+        stream.sent_frames += len(frames)
         if self.monitor is not None:
-            self.monitor.remove_pending(n)
+            self.monitor.remove_pending(queued)
             self.monitor.record_sent(wire)
-        req = self._requests[frame.request_id]
-        req.unsent_frames -= 1
-        if isinstance(frame.header, FrameHeader):  # a DATA frame
-            req.wire_payload_bytes += len(frame.payload)
-            self._compressed_frames += frame.header.codec != 0
-        if req.unsent_frames == 0:
-            req.drained.set()
-        async with self._space:
-            self._inflight_bytes -= n
-            self._space.notify_all()
+        self._inflight_bytes -= queued
+        self._wake()
 
-    async def _fail(self, exc: TransportError) -> None:
+    def _fail(self, exc: TransportError) -> None:
         if self._error is None:
             self._error = exc
-        async with self._space:
-            self._space.notify_all()
+        self._wake()
 
 
-def _meet(barrier: threading.Barrier) -> None:
-    with contextlib.suppress(threading.BrokenBarrierError):  # (then they start on demand)
-        barrier.wait()
-
-
-def _send_batch_sync(chan: Channel, batch: list[_Frame], timeout_s: float) -> None:
-    """Worker thread: write the batch, sealing each header (its payload CRC, GIL released) just
-    before its frame goes out, so the kernel's copy reads a payload the CRC pass has just
-    brought into this core's cache (sealing the whole batch first read 8 MiB from memory
-    twice). Frames already sealed (END, ABORT) go with it unchanged."""
-    deadline = time.monotonic() + timeout_s
-    with chan.thread_io():
-        for f in batch:
-            chan.send_parts_sync([f.header_bytes(), f.payload], deadline - time.monotonic())
+def _resolve(stream: _Stream, exc: TransportError) -> None:
+    """On the loop: the writer failed; the stream's pump breaks the sender."""
+    if stream.failed is not None and not stream.failed.done():
+        stream.failed.set_exception(exc)

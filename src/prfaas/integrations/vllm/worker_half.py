@@ -70,6 +70,10 @@ def _optional_float(raw: object) -> float | None:
     return None if raw is None else float(raw)  # type: ignore[arg-type]
 
 
+def _optional_int(raw: object) -> int | None:
+    return None if raw is None else int(raw)  # type: ignore[call-overload]
+
+
 @dataclass(slots=True)
 class _Incoming:
     job: LoadJob | None = None
@@ -132,7 +136,7 @@ class WorkerHalf:
             self.send = SendLink(SenderConfig(
                 num_connections=int(extra.get("connections", 4)),
                 rate_gbps=None if rate is None else float(rate),
-                chunk_bytes=int(extra.get("chunk_bytes", 2**20)),
+                chunk_bytes=_optional_int(extra.get("chunk_bytes")),  # None: the sender's
                 compression=str(extra.get("compression", "none")),
                 link_rate_gbps=_optional_float(extra.get("link_rate_gbps"))),
                 tls=tls.client() if tls else None, peer_name=tls.decoder_name if tls else None)
