@@ -76,8 +76,9 @@ def vllm_kv(arch: str) -> list[np.ndarray]:
 
     from prfaas.integrations.vllm.model_builder import build_model
 
-    model_dir = build_model(arch, tempfile.mkdtemp(prefix=f"prfaas-codec-{arch}-"), seed=0)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
+    with tempfile.TemporaryDirectory(prefix=f"prfaas-codec-{arch}-") as tmp:  # removed after
+        model_dir = build_model(arch, tmp, seed=0)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
     ids = torch.from_numpy(np.random.default_rng(0).integers(3, 1000, (1, PROMPT_TOKENS)))
     with torch.no_grad():
         cache = model(ids, use_cache=True).past_key_values
