@@ -85,7 +85,7 @@ class ConnectionWriter:
                 self._cond.wait()
             if self._stopped:
                 return None
-            batch, nbytes = [self._queue.popleft()], 0
+            batch = [self._queue.popleft()]
             nbytes = batch[0].nbytes
             while self._queue and nbytes < self._report_bytes:
                 batch.append(self._queue.popleft())

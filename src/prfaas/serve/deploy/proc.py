@@ -51,7 +51,7 @@ def build_app(topology_path: str, name: str) -> Served:
     if name == "router":
         from prfaas.serve.router.service import RouterService
 
-        pin(topo.router_cores, "router.cores")  # before its threads start: they inherit it
+        pin(topo.router_cores, "router.cores")  # every thread, and those it starts later
 
         router = RouterService(topo, tls=ident.client_context() if ident else None,
                                api_key=api_key_from_env(), engine=backend)
