@@ -8,8 +8,8 @@ hold one such object), nothing else:
   arrivals with fresh random token-id prompts (no prefix hit), streaming, greedy, ignore_eos.
   TTFT is the client's: request sent -> first streamed token. The load generator runs on the
   router's `cores` when the topology pins the router (a deployment's clients are not on its
-  prefill instances' cores). The route is the router's first
-  decision (`first_route`, before any retry moved the request local). Finish = last byte.
+  prefill instances' cores). The route is the router's first decision (`first_route`, before
+  any retry moved the request local). Finish = last byte.
 - sim: `Simulator` on the system the profile describes (hardware, S_kv(l), decode steps), the
   topology's instance counts, link rate and connections. TTFT is `kv_ready_s - arrival_s` (the
   request's KV held by its decoder, whose first token is then sampled), plus its route's fixed

@@ -41,8 +41,8 @@ def pin(cores: str | None, what: str = "cores") -> None:
     cpus = parse_cores(cores)
     if cpus is None:
         return
-    for tid in [0, *(int(t) for t in os.listdir("/proc/self/task"))]:
-        _set(tid, cpus, cores, what)
+    for tid in os.listdir("/proc/self/task"):  # every thread, the calling one included
+        _set(int(tid), cpus, cores, what)
 
 
 def _set(tid: int, cpus: set[int], cores: str | None, what: str) -> None:
