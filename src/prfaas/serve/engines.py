@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 DEFAULT_ENGINE = "native"
 
 
+# The deployment's private folder, named to each process the launcher spawns (launch_topology).
+RUN_DIR_ENV = "PRFAAS_RUN_DIR"
+
 class CacheEventSource(Protocol):
     """The instances' cache events, feeding the router's manager from the router's loop."""
 
@@ -116,7 +119,9 @@ class EngineBackend(ABC):
     def launch_topology(self, local_workers: frozenset[str], run_dir: Path) -> Topology:
         """The topology a deployment launches (serve/deploy/launcher.py), given the workers it
         starts on this host and a private folder (0700) it removes on stop: what only the
-        launch knows (vLLM: where KV events are published beside TLS). Default: as it is."""
+        launch knows (vLLM: where KV events are published beside TLS). Default: as it is.
+        The launcher also names that folder to every process it spawns (RUN_DIR_ENV), for
+        scratch files that must not outlive the deployment (vLLM: its ZMQ IPC sockets)."""
         return self.topology
 
     @abstractmethod

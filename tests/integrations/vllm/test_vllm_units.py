@@ -4,6 +4,8 @@ block moves, the served model's geometry, and the vLLM command a topology worker
 from __future__ import annotations
 
 import json
+import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.link import Finish, RecvLink, SendLink, Tensor
 from prfaas.integrations.vllm.params import RecvParams, SendParams, fingerprint, parse
+from prfaas.integrations.vllm.server import VllmInstance, VllmSpec
 from prfaas.serve.topology import load_topology, parse_topology
 from prfaas.transport.receiver import ReceiverConfig
 from prfaas.transport.sender import SenderConfig
@@ -87,6 +90,48 @@ def test_worker_becomes_the_right_vllm_command() -> None:
     assert specs["pd-d"].environ()["VLLM_CPU_OMP_THREADS_BIND"] == dec.cores
     # the whole instance is pinned, not only vLLM's OMP threads (server.py: cpu_set)
     assert specs["pd-d"].cpu_set() == {int(dec.cores)}
+
+
+class _FakeServer(VllmSpec):
+    """A stand-in for vLLM's server that binds a unix socket in VLLM_RPC_BASE_PATH, as vLLM's
+    ZMQ IPC does, then waits to be stopped."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import os, socket, time; "
+                "s = socket.socket(socket.AF_UNIX); "
+                "s.bind(os.path.join(os.environ['VLLM_RPC_BASE_PATH'], 'ipc')); "
+                "time.sleep(120)"]
+
+
+def test_vllm_ipc_sockets_live_in_a_folder_removed_on_stop(tmp_path: Path) -> None:
+    """vLLM leaves a socket file per killed instance in the system temp folder; an instance
+    we start keeps them in its own folder, gone after stop, also after a kill and a respawn."""
+    inst = VllmInstance(_FakeServer(model_dir="unused", port=1), tmp_path / "fake.log")
+    inst.spawn()
+    folder = inst._rpc_tmp
+    assert folder is not None and Path(folder).parent == Path(tempfile.gettempdir())
+    sock = Path(folder) / "ipc"
+    deadline = time.monotonic() + 60
+    while not sock.exists():  # control: the socket is there while the instance runs
+        assert time.monotonic() < deadline, inst.log_tail()
+        time.sleep(0.05)
+    inst.kill()
+    inst.spawn()  # a respawn keeps the same folder
+    assert inst._rpc_tmp == folder
+    inst.stop()
+    assert not Path(folder).exists()
+    # a spec that names its folder (a deployment's worker): used as it is, not removed
+    named = tmp_path / "rpc"
+    assert VllmSpec(model_dir="m", port=1, rpc_dir=str(named)).environ()[
+        "VLLM_RPC_BASE_PATH"] == str(named)
+
+
+def test_deployed_worker_keeps_ipc_sockets_in_the_run_dir(tmp_path: Path) -> None:
+    from prfaas.integrations.vllm.deploy import rpc_dir
+
+    path = rpc_dir("pdp-0", {"PRFAAS_RUN_DIR": str(tmp_path)})
+    assert path == str(tmp_path / "vllm-rpc-pdp-0") and Path(path).is_dir()
+    assert rpc_dir("pdp-0", {}) is None  # outside a launcher: vLLM's default
 
 
 def test_cores_parse_to_cpu_sets_with_a_clear_error() -> None:

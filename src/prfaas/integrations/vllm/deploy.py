@@ -11,8 +11,10 @@ serves on a unix socket behind it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from prfaas.core.errors import ConfigError
@@ -20,6 +22,7 @@ from prfaas.integrations.vllm.kv_events import endpoints, events_config
 from prfaas.integrations.vllm.kv_security import FAULT_ENV
 from prfaas.integrations.vllm.server import PINNED_SPIN_S, VllmSpec, parse_cores
 from prfaas.integrations.vllm.tls_front import start_front
+from prfaas.serve.engines import RUN_DIR_ENV
 from prfaas.serve.topology import Topology, WorkerSpec
 from prfaas.serve.vllm_settings import VllmSettings
 
@@ -99,6 +102,18 @@ def needs_front(topology: Topology, worker: WorkerSpec) -> bool:
     return topology.security.tls_dir is not None and worker.tls
 
 
+def rpc_dir(name: str, environ: Mapping[str, str]) -> str | None:
+    """Where worker `name` keeps vLLM's ZMQ IPC sockets: in the deployment's private folder
+    (RUN_DIR_ENV, removed by the launcher on stop), made here; None outside a launcher
+    (vLLM's default, the system temp folder)."""
+    run_dir = environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return None
+    path = os.path.join(run_dir, f"vllm-rpc-{name}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
 def exec_worker(topology: Topology, name: str) -> None:
     extra: dict[str, Any] = {}
     trace = os.environ.get("PRFAAS_VLLM_TRACE_DIR")
@@ -113,6 +128,7 @@ def exec_worker(topology: Topology, name: str) -> None:
         assert topology.security.tls_dir is not None
         uds, _ = start_front(topology.security.tls_dir, name, worker.host, worker.port)
     spec = worker_spec(topology, worker, extra, uds)
+    spec = dataclasses.replace(spec, rpc_dir=rpc_dir(name, os.environ))
     cmd = spec.command()
     spec.pin()  # the whole instance on its cores (server.py: VllmSpec.cpu_set)
     os.execve(cmd[0], cmd, spec.environ())

@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -32,6 +34,7 @@ KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 CONNECTOR_MODULE = "prfaas.integrations.vllm.connector"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 LAUNCH_MODULE = "prfaas.integrations.vllm.launch"
+RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"
 IDLE_SPIN_ENV = "PRFAAS_VLLM_IDLE_SPIN_S"  # read by launch.py (it imports vLLM; this must not)
 PINNED_SPIN_S = 0.01  # `idle_spin_s: auto` for an instance pinned to `cores` (deploy.py)
 
@@ -56,6 +59,10 @@ class VllmSpec:
     cores: str | None = None  # e.g. "0" or "0-1": every process of the instance (cpu_set)
     args: tuple[str, ...] = ("--enforce-eager",)
     env: dict[str, str] = field(default_factory=dict)
+    # vLLM's ZMQ IPC sockets (VLLM_RPC_BASE_PATH): None: VllmInstance makes a temp folder and
+    # removes it on stop (vLLM's default, the system temp folder, keeps a socket file for
+    # every instance that was killed)
+    rpc_dir: str | None = None
     idle_spin_s: float | None = None  # None: vLLM's own (1 s); else launch.py sets it
 
     def __post_init__(self) -> None:
@@ -112,6 +119,8 @@ class VllmSpec:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
         if self.idle_spin_s is not None:
             env[IDLE_SPIN_ENV] = repr(float(self.idle_spin_s))
+        if self.rpc_dir is not None:
+            env[RPC_DIR_ENV] = self.rpc_dir
         env.update(self.env)
         return env
 
@@ -121,6 +130,7 @@ class VllmInstance:
         self.spec = spec
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._rpc_tmp: str | None = None  # the temp folder spawn made for rpc_dir, if any
 
     def __enter__(self) -> VllmInstance:
         self.start()
@@ -131,9 +141,14 @@ class VllmInstance:
 
     def spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = self.spec.environ()
+        if self.spec.rpc_dir is None and RPC_DIR_ENV not in self.spec.env:
+            if self._rpc_tmp is None:  # a respawn after kill() reuses it
+                self._rpc_tmp = tempfile.mkdtemp(prefix="prfaas-vllm-rpc-")
+            env[RPC_DIR_ENV] = self._rpc_tmp
         log = open(self.log_path, "wb")  # noqa: SIM115 (owned by the child)
         self.proc = subprocess.Popen(self.spec.command(), stdout=log, stderr=subprocess.STDOUT,
-                                     env=self.spec.environ(), start_new_session=True,
+                                     env=env, start_new_session=True,
                                      preexec_fn=self.spec.pin)
         log.close()
 
@@ -183,6 +198,9 @@ class VllmInstance:
                 pass
         _reap_group(self.proc.pid)
         self.proc = None
+        if self._rpc_tmp is not None:
+            shutil.rmtree(self._rpc_tmp, ignore_errors=True)
+            self._rpc_tmp = None
 
 
 def _reap_group(pgid: int) -> None:

@@ -33,7 +33,7 @@ from prfaas.security.certs import ROUTER
 from prfaas.security.tls import Identity
 from prfaas.serve.deploy.netns import NetnsLink
 from prfaas.serve.deploy.supervisor import Supervisor
-from prfaas.serve.engines import engine_backend
+from prfaas.serve.engines import RUN_DIR_ENV, engine_backend
 from prfaas.serve.topology import Topology
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0")
@@ -157,6 +157,8 @@ class Deployment:
         # a restart appends: the log keeps why the previous process ended
         log = open(self.log_dir / f"{name}.log", "ab" if append else "wb")  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self._run_dir is not None:
+            env[RUN_DIR_ENV] = str(self._run_dir)
         if name == "router" and self.api_key is not None:
             env[API_KEY_ENV] = self.api_key
         if name == "router":
