@@ -340,7 +340,8 @@ def test_a_prefill_worker_that_answers_an_error_is_not_marked_down() -> None:
         app.router.add_post("/generate", decoder)
         app.router.add_post("/cancel", cancel)
         app.router.add_post("/prefill", prefill)
-        runner = web.AppRunner(app)
+        # the decoder's handler is still waiting at cleanup: cancel it, not a 60 s grace
+        runner = web.AppRunner(app, shutdown_timeout=0.5)
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
