@@ -41,7 +41,7 @@ def test_windows_split_arrivals_and_convert_to_scenario_units() -> None:
 @pytest.mark.skipif(not netns_available(), reason="needs root, ip and tc (netns link)")
 def test_a_live_link_outage_loses_nothing_and_goes_local(tmp_path: Path) -> None:
     scales = Scales(time=0.5, bytes=1e-2, tokens=4, output=4)
-    result = outage_live(parse_outage("link@40+20"), scales, load=0.5,
+    result = outage_live(parse_outage("link@24+12"), scales, load=0.5,
                          scenario=str(write_scenario(tmp_path)))
     sim = result["sim"]["windows"]
     for run in result["live"].values():
@@ -56,7 +56,7 @@ def test_a_live_link_outage_loses_nothing_and_goes_local(tmp_path: Path) -> None
     assert live["during"]["local_share"] > max(live["before"]["local_share"], 0.5)
     assert live["after"]["local_share"] < live["during"]["local_share"]  # PrfaaS used again
     lo, hi = result["live"]["as_simulated"]["partition_window_live_s"]
-    assert hi - lo == pytest.approx(20 * 0.5, abs=1.0)
+    assert hi - lo == pytest.approx(12 * 0.5, abs=1.0)
 
 
 def test_fluctuation_counts_what_the_policy_offered_the_link_failures_included() -> None:
