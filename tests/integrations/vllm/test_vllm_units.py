@@ -124,6 +124,19 @@ def test_vllm_ipc_sockets_live_in_a_folder_removed_on_stop(tmp_path: Path) -> No
     named = tmp_path / "rpc"
     assert VllmSpec(model_dir="m", port=1, rpc_dir=str(named)).environ()[
         "VLLM_RPC_BASE_PATH"] == str(named)
+    # so is a folder the caller's environment sets
+    own = tmp_path / "own"
+    own.mkdir()
+    theirs = VllmInstance(_FakeServer(model_dir="unused", port=1,
+                                      env={"VLLM_RPC_BASE_PATH": str(own)}),
+                          tmp_path / "theirs.log")
+    theirs.spawn()
+    assert theirs._rpc_tmp is None
+    while not (own / "ipc").exists():
+        assert time.monotonic() < deadline + 60, theirs.log_tail()
+        time.sleep(0.05)
+    theirs.stop()
+    assert own.is_dir()
 
 
 def test_deployed_worker_keeps_ipc_sockets_in_the_run_dir(tmp_path: Path) -> None:

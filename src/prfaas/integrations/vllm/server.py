@@ -142,7 +142,7 @@ class VllmInstance:
     def spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = self.spec.environ()
-        if self.spec.rpc_dir is None and RPC_DIR_ENV not in self.spec.env:
+        if self.spec.rpc_dir is None and RPC_DIR_ENV not in env:  # (set by the caller: theirs)
             if self._rpc_tmp is None:  # a respawn after kill() reuses it
                 self._rpc_tmp = tempfile.mkdtemp(prefix="prfaas-vllm-rpc-")
             env[RPC_DIR_ENV] = self._rpc_tmp
