@@ -107,36 +107,40 @@ def test_vllm_ipc_sockets_live_in_a_folder_removed_on_stop(tmp_path: Path) -> No
     """vLLM leaves a socket file per killed instance in the system temp folder; an instance
     we start keeps them in its own folder, gone after stop, also after a kill and a respawn."""
     inst = VllmInstance(_FakeServer(model_dir="unused", port=1), tmp_path / "fake.log")
-    inst.spawn()
-    folder = inst._rpc_tmp
-    assert folder is not None and Path(folder).parent == Path(tempfile.gettempdir())
-    sock = Path(folder) / "ipc"
-    deadline = time.monotonic() + 60
-    while not sock.exists():  # control: the socket is there while the instance runs
-        assert time.monotonic() < deadline, inst.log_tail()
-        time.sleep(0.05)
-    inst.kill()
-    inst.spawn()  # a respawn keeps the same folder
-    assert inst._rpc_tmp == folder
-    inst.stop()
-    assert not Path(folder).exists()
-    # a spec that names its folder (a deployment's worker): used as it is, not removed
-    named = tmp_path / "rpc"
-    assert VllmSpec(model_dir="m", port=1, rpc_dir=str(named)).environ()[
-        "VLLM_RPC_BASE_PATH"] == str(named)
-    # so is a folder the caller's environment sets
     own = tmp_path / "own"
     own.mkdir()
     theirs = VllmInstance(_FakeServer(model_dir="unused", port=1,
                                       env={"VLLM_RPC_BASE_PATH": str(own)}),
                           tmp_path / "theirs.log")
-    theirs.spawn()
-    assert theirs._rpc_tmp is None
-    while not (own / "ipc").exists():
-        assert time.monotonic() < deadline + 60, theirs.log_tail()
-        time.sleep(0.05)
-    theirs.stop()
-    assert own.is_dir()
+    deadline = time.monotonic() + 120
+    try:
+        inst.spawn()
+        folder = inst._rpc_tmp
+        assert folder is not None and Path(folder).parent == Path(tempfile.gettempdir())
+        sock = Path(folder) / "ipc"
+        while not sock.exists():  # control: the socket is there while the instance runs
+            assert time.monotonic() < deadline, inst.log_tail()
+            time.sleep(0.05)
+        inst.kill()
+        inst.spawn()  # a respawn keeps the same folder
+        assert inst._rpc_tmp == folder
+        inst.stop()
+        assert not Path(folder).exists()
+        # a folder the caller's environment sets is used as it is, and not removed
+        theirs.spawn()
+        assert theirs._rpc_tmp is None
+        while not (own / "ipc").exists():
+            assert time.monotonic() < deadline, theirs.log_tail()
+            time.sleep(0.05)
+        theirs.stop()
+        assert own.is_dir()
+    finally:
+        inst.stop()
+        theirs.stop()
+    # so is one a spec names (a deployment's worker, deploy.rpc_dir)
+    named = tmp_path / "rpc"
+    assert VllmSpec(model_dir="m", port=1, rpc_dir=str(named)).environ()[
+        "VLLM_RPC_BASE_PATH"] == str(named)
 
 
 def test_deployed_worker_keeps_ipc_sockets_in_the_run_dir(tmp_path: Path) -> None:
