@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +36,13 @@ ROUNDS = 4
 
 
 def _direct_s(url: str, body: dict[str, Any]) -> float:
-    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+    """Client wall time of one completion straight to an instance (as `prfaas profile`)."""
+    from prfaas.integrations.vllm.reference import post_completion
+
     t0 = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        resp.read()
+    status, reply = post_completion(url, body, 300.0)
+    if status != 200:
+        raise RuntimeError(f"direct call to {url}: {status} {reply}")
     return time.perf_counter() - t0
 
 
