@@ -161,6 +161,19 @@ def test_throughput_counts_completed_requests_over_the_span() -> None:
         svl.Options(requests=8, load_fractions=(0.5,))
 
 
+def test_warmup_lengths_spread_over_both_routes() -> None:
+    """The warm-up's lengths reach both prefill instances at the shipped threshold (1024):
+    some below it, some at or above it, spread over the distribution."""
+    lengths = svl.lengths_for(svl.QUICK, 4096)
+    warm = svl.warmup_lengths(lengths, svl.QUICK.warmup_requests)
+    assert len(warm) == 8 and warm == sorted(warm) and len(set(warm)) == 8
+    assert sum(n < 1024 for n in warm) >= 2 and sum(n >= 1024 for n in warm) >= 2
+    assert lengths.lo <= warm[0] and warm[-1] <= lengths.hi
+    assert svl.warmup_lengths(lengths, 0) == []
+    with pytest.raises(ConfigError, match="warmup_requests"):
+        replace(svl.QUICK, warmup_requests=-1)
+
+
 LOAD_KEYS = {"offered_rps", "requests", "ttft_mape", "throughput_live_rps",
              "throughput_sim_rps", "route_agreement"}
 
@@ -256,8 +269,18 @@ def test_run_writes_the_schema_end_to_end_with_a_stand_in_live_world(
         type("Dep", (), {"url": "http://stand-in"})()))
     monkeypatch.setattr(svl, "live_side", fake_live)
     monkeypatch.setattr(svl, "served_model", lambda url: "tiny")
+    warmed: list[list[int]] = []
+
+    def fake_warm_up(url: str, model: str, lengths: list[int], *a: object) -> list[object]:
+        warmed.append(lengths)
+        return [{"length_tokens": n, "ok": True, "route": "pd" if n < 1024 else "prfaas",
+                 "ttft_s": 0.1, "prefill_s": 0.1} for n in lengths]
+
+    monkeypatch.setattr(svl, "warm_up", fake_warm_up)
     options = replace(svl.QUICK, requests=12)
     result = svl.run(topo, true_profile, options, tmp_path)
+    assert len(warmed) == 1 and len(warmed[0]) == options.warmup_requests  # once, first
+    assert [p["length_tokens"] for p in result["warmup"]["points"]] == warmed[0]
     assert result["engine"] == "native" and result["profile"]["name"] == "cpu-tiny"
     assert [x["offered_rps"] for x in result["loads"]] == sorted(
         x["offered_rps"] for x in result["loads"])

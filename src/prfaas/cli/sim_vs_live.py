@@ -24,9 +24,12 @@ from prfaas.core.errors import ConfigError
 @click.option("--requests", default=None, type=int, help="Requests per load.")
 @click.option("--loads", default=None,
               help="Comma-separated loads as fractions of the planner's capacity.")
+@click.option("--warmup", default=None, type=int,
+              help="Unmeasured requests through the fresh deployment before the first load "
+                   "(default 8; 0: none).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False))
 def command(topology_path: str | None, profile_path: str | None, quick: bool,
-            requests: int | None, loads: str | None, out_dir: str) -> None:
+            requests: int | None, loads: str | None, warmup: int | None, out_dir: str) -> None:
     """Replay a Poisson workload through the deployment and the simulator; compare."""
     from dataclasses import replace
 
@@ -39,6 +42,8 @@ def command(topology_path: str | None, profile_path: str | None, quick: bool,
     options = svl.QUICK if quick else svl.FULL
     if requests is not None:
         options = replace(options, requests=requests)
+    if warmup is not None:
+        options = replace(options, warmup_requests=warmup)
     if loads is not None:
         try:
             fractions = tuple(float(x) for x in loads.split(","))

@@ -54,10 +54,14 @@ class Options:
     min_tokens: int = 64
     max_tokens: int = 3500  # clipped to the model's context minus the longest output
     output_range: tuple[int, int] = (16, 32)
+    # unmeasured requests through the fresh deployment before the first load (warm_up)
+    warmup_requests: int = 8
 
     def __post_init__(self) -> None:
         if self.requests < 4:
             raise ConfigError("requests", self.requests, "must be >= 4")
+        if self.warmup_requests < 0:
+            raise ConfigError("warmup_requests", self.warmup_requests, "must be >= 0")
         if len(self.load_fractions) < 2 or min(self.load_fractions) <= 0:
             raise ConfigError("load_fractions", self.load_fractions,
                               "need at least two positive loads")
@@ -359,6 +363,45 @@ def live_side(url: str, model: str, workload: Workload, vocab_size: int, seed: i
     return Side(arrival, ttft, finish, remote), extra
 
 
+WARMUP_HOW = ("before the first load, one request at a time (each after the previous one "
+              "finished, then a pause) through the router: lengths at the length "
+              "distribution's evenly spaced quantiles (so both routes), fresh random token-id "
+              "prompts, the shortest output; not part of any figure")
+
+
+def warmup_lengths(lengths: LengthDistribution, n: int) -> list[int]:
+    """n prompt lengths at the distribution's quantiles k/(n+1): spread over its range, so the
+    threshold policy sends some each way (each prefill instance, each KV link)."""
+    return [lengths.quantile((k + 1) / (n + 1)) for k in range(n)]
+
+
+def warm_up(url: str, model: str, lengths: list[int], output_tokens: int, vocab_size: int,
+            seed: int) -> list[dict[str, Any]]:
+    """Send the warm-up requests one at a time; their outcome, for the record only.
+
+    A freshly started deployment's first requests pay one-time costs the simulator (a steady
+    state) has no term for: measured, the first local and the first offloaded request of the
+    first load took 2.2-4.7x the profile's T(l) in their prefill call, the same prompts in the
+    next load 0.8-1.5x (docs/sim-vs-live.md). The profile's own instance is warmed the same
+    way before it is timed (integrations/vllm/profile.py)."""
+    import asyncio
+
+    from prfaas.bench.loadgen import run_load
+    from prfaas.bench.workload import BenchRequest
+    from prfaas.experiments.idle_routes import PAUSE_S
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        req = BenchRequest([int(t) for t in rng.integers(3, vocab_size, int(n))], output_tokens)
+        res = asyncio.run(run_load(url, model, [req], [0.0], timeout_s=900.0))[0]
+        out.append({"length_tokens": int(n), "ok": bool(res.ok),
+                    "route": str(res.prfaas.get("first_route") or res.prfaas.get("route") or ""),
+                    "ttft_s": _num(res.ttft_s), "prefill_s": _num(res.prfaas.get("prefill_s"))})
+    time.sleep(PAUSE_S)  # every instance idle again before the first load
+    return out
+
+
 def kv_check(offloaded: list[tuple[int, int]], profile: Path) -> dict[str, Any] | None:
     """The connector's counted bytes per offloaded request against the profile's S_kv(l)."""
     pairs = [(n, b) for n, b in offloaded if b > 0]
@@ -416,6 +459,13 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
     with deployed(free_ports(topology), out_dir / "logs") as dep:
         startup_s = time.perf_counter() - t0
         tick(f"deployment up in {startup_s:.0f} s")
+        warm_lengths = warmup_lengths(lengths, options.warmup_requests)
+        with pinned_thread(topology.router_cores, "router.cores"):
+            warm = warm_up(dep.url, served_model(dep.url), warm_lengths,
+                           options.output_range[0], facts.vocab_size, options.seed - 1)
+        if warm:
+            tick(f"warm-up: {len(warm)} requests, {sum(p['ok'] for p in warm)} ok, routes "
+                 + "".join("R" if p["route"] == "prfaas" else "L" for p in warm))
         for i, w in enumerate(loads):
             with pinned_thread(topology.router_cores, "router.cores"):  # the load generator
                 lives.append(live_side(dep.url, served_model(dep.url), w, facts.vocab_size,
@@ -470,6 +520,7 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
                      "input_tokens_max": int(loads[0].input_tokens.max()),
                      "lengths": lengths.name},
         "sim_config": sims[0][1], "live_startup_s": round(startup_s, 1),
+        "warmup": {"how": WARMUP_HOW, "points": warm},
         "loads": entries, "goal": GOAL, "meets_goal": verdict(entries),
         "method": (__doc__ or "").strip(), "machine": {"cpus": os.cpu_count()},
         "wall_s": round(time.perf_counter() - started, 1),
