@@ -26,16 +26,21 @@ from prfaas.serve.cores import pinned_thread
 
 HOW = ("client TTFT of single requests (fresh random token-id prompts, streaming, greedy, "
        "4 output tokens, ignore_eos) through the topology's router, one at a time with the "
-       "deployment otherwise idle; route = the policy's first choice; prefill_s = the "
-       "router's account of the prefill (diagnosis only)")
+       "deployment otherwise idle, after one unmeasured round of the lengths (warm-up); "
+       "route = the policy's first choice; prefill_s = the router's account of the prefill "
+       "(diagnosis only)")
 OUTPUT_TOKENS = 4
 # after each request, so the next one finds every instance idle: longer than the 1 s a vLLM
 # Worker keeps spinning on its step queue after its last step (shm_broadcast.SpinCondition),
 # which on a shared core takes CPU from the instance beside it
 PAUSE_S = 1.5
+# rounds over the lengths: a route's overhead is the median of its points, and on this 2-core
+# host one point moves by tens of ms (3 rounds gave the local route 26, 49 and 40 ms in three
+# runs the same afternoon, docs/sim-vs-live.md)
+REPS = 5
 
 
-def measure(topology: Any, lengths: list[int], log_dir: str | Path, reps: int = 3,
+def measure(topology: Any, lengths: list[int], log_dir: str | Path, reps: int = REPS,
             seed: int = 11) -> dict[str, Any]:
     """Start the topology (free ports), measure, stop it: the profile's `idle_ttft` section."""
     from prfaas.experiments.engine_facts import model_facts
@@ -55,11 +60,12 @@ def measure_on(url: str, model: str, lengths: list[int], vocab_size: int, reps: 
                seed: int) -> list[dict[str, Any]]:
     from prfaas.bench.loadgen import run_load
     from prfaas.bench.workload import BenchRequest
+    from prfaas.experiments.sim_vs_live import warm_up
 
+    # one unmeasured round of the lengths first (both routes): the first request on each
+    # prefill instance of a fresh deployment pays one-time costs (sim_vs_live.warm_up)
+    warm_up(url, model, lengths, OUTPUT_TOKENS, vocab_size, seed - 1)
     rng = np.random.default_rng(seed)
-    warm = BenchRequest([int(t) for t in rng.integers(3, vocab_size, min(lengths))],
-                        OUTPUT_TOKENS)
-    asyncio.run(run_load(url, model, [warm], [0.0], timeout_s=300.0))
     points = []
     for _ in range(reps):  # lengths interleaved: a slow moment of the host spreads over all
         for n in lengths:
