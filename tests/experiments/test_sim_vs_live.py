@@ -283,10 +283,23 @@ def test_run_writes_the_schema_end_to_end_with_a_stand_in_live_world(
                  "ttft_s": 0.1, "prefill_s": 0.1} for n in lengths]
 
     monkeypatch.setattr(svl, "warm_up", fake_warm_up)
+    measured: list[str] = []
+
+    def fake_idle_points(url: str, *a: object) -> list[dict[str, object]]:
+        measured.append(url)
+        return [{"route": "pd", "length_tokens": 256, "ttft_s": 10.0}]
+
+    monkeypatch.setattr(svl, "deployment_idle_points", fake_idle_points)
+    off = svl.run(topo, true_profile, replace(svl.QUICK, requests=12,
+                                              idle_points_on_deployment=False), tmp_path)
+    assert off["idle_points_source"] == "profile" and not measured
     options = replace(svl.QUICK, requests=12)
     result = svl.run(topo, true_profile, options, tmp_path)
-    assert len(warmed) == 1 and len(warmed[0]) == options.warmup_requests  # once, first
-    assert [p["length_tokens"] for p in result["warmup"]["points"]] == warmed[0]
+    assert measured == ["http://stand-in"] and result["idle_points_source"] == "deployment"
+    assert [p["length_tokens"] for p in result["idle_points"]] == [256]
+    assert result["route_overhead_s"]["pd"] > 9.0  # the deployment's point, not the profile's
+    assert [len(w) for w in warmed] == [options.warmup_requests] * 2  # once per run
+    assert [p["length_tokens"] for p in result["warmup"]["points"]] == warmed[1]
     assert result["engine"] == "native" and result["profile"]["name"] == "cpu-tiny"
     assert [x["offered_rps"] for x in result["loads"]] == sorted(
         x["offered_rps"] for x in result["loads"])

@@ -59,7 +59,9 @@ def command(topology_path: str | None, profile_path: str | None, quick: bool,
     if profile_path is None:
         model_facts(topology)  # fail fast on an engine without a profiler or spec
         tick("measuring the engine's profile")
-        doc = measure_profile(topology, str(out / "logs"))
+        # (the idle points are measured on the loads' deployment, unless the options say not)
+        doc = measure_profile(topology, str(out / "logs"),
+                              idle_routes=not options.idle_points_on_deployment)
         profile = out / "profile.yaml"
         profile.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
         tick(f"wrote {profile}")

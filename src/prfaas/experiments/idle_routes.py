@@ -57,14 +57,15 @@ def measure(topology: Any, lengths: list[int], log_dir: str | Path, reps: int = 
 
 
 def measure_on(url: str, model: str, lengths: list[int], vocab_size: int, reps: int,
-               seed: int) -> list[dict[str, Any]]:
+               seed: int, warm: bool = True) -> list[dict[str, Any]]:
     from prfaas.bench.loadgen import run_load
     from prfaas.bench.workload import BenchRequest
     from prfaas.experiments.sim_vs_live import warm_up
 
     # one unmeasured round of the lengths first (both routes): the first request on each
     # prefill instance of a fresh deployment pays one-time costs (sim_vs_live.warm_up)
-    warm_up(url, model, lengths, OUTPUT_TOKENS, vocab_size, seed - 1)
+    if warm:  # (False: the caller has just warmed the deployment)
+        warm_up(url, model, lengths, OUTPUT_TOKENS, vocab_size, seed - 1)
     rng = np.random.default_rng(seed)
     points = []
     for _ in range(reps):  # lengths interleaved: a slow moment of the host spreads over all

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from prfaas.core.errors import ConfigError
+from prfaas.core.errors import ConfigError, PrfaasError
 from prfaas.models.profile_file import load_profile_file, read_profile_file
 from prfaas.serve.cores import pinned_thread
 from prfaas.workload.lengths import LengthDistribution, truncated_lognormal
@@ -56,6 +56,9 @@ class Options:
     output_range: tuple[int, int] = (16, 32)
     # unmeasured requests through the fresh deployment before the first load (warm_up)
     warmup_requests: int = 8
+    # the route overheads' idle points: measured on the loads' own deployment just before the
+    # first load (True), or read from the profile (False: its `idle_ttft`, if any)
+    idle_points_on_deployment: bool = True
 
     def __post_init__(self) -> None:
         if self.requests < 4:
@@ -303,13 +306,14 @@ IDLE_GAP_S = 1000.0  # between the idle points' lone requests in the simulator
 
 
 def idle_overheads(topology: Any, scenario: dict[str, Any], profile: Path, layers: int,
-                   sharing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The profile's idle-deployment points (experiments/idle_routes.py) against the
-    simulator's TTFT for each as a lone request: the per-route fixed overheads."""
+                   sharing: dict[str, Any] | None = None,
+                   points: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Idle-deployment points (experiments/idle_routes.py; `points`, else the profile's)
+    against the simulator's TTFT for each as a lone request: the per-route fixed overheads."""
     from prfaas.experiments.idle_routes import OUTPUT_TOKENS, route_overheads
     from prfaas.models.profile_file import idle_ttft_points
 
-    points = idle_ttft_points(profile)
+    points = idle_ttft_points(profile) if points is None else points
     if not points:
         return {"route_overhead_s": {}, "points": []}
     n = len(points)
@@ -324,6 +328,22 @@ def idle_overheads(topology: Any, scenario: dict[str, Any], profile: Path, layer
     return {"route_overhead_s": route_overheads(points, sim_ttft),
             "points": [{**p, "sim_ttft_s": round(t, 6)}
                        for p, t in zip(points, sim_ttft, strict=True)]}
+
+
+def deployment_idle_points(url: str, model: str, profile: Path, max_context_tokens: int,
+                           vocab_size: int) -> list[dict[str, Any]]:
+    """The idle points on the deployment under test (already warmed), at the profile's
+    prefill lengths: what `prfaas profile` measures on a deployment of its own, minutes
+    earlier (experiments/idle_routes.py)."""
+    from prfaas.experiments import idle_routes as idle
+
+    lengths = [int(p["length_tokens"]) for p in read_profile_file(profile)["prefill"]["points"]]
+    usable = [n for n in lengths if n < max_context_tokens - idle.OUTPUT_TOKENS - 1]
+    points = idle.measure_on(url, model, usable, vocab_size, idle.REPS, seed=11, warm=False)
+    if not points:  # (a failed request leaves no point): no overheads would be a silent change
+        raise PrfaasError(f"idle points: none of {len(usable) * idle.REPS} lone requests "
+                          f"through {url} succeeded; see the deployment's logs")
+    return points
 
 
 def live_side(url: str, model: str, workload: Workload, vocab_size: int, seed: int
@@ -443,17 +463,7 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
                                     topology.link.rate_gbps or 100.0)
     loads = workloads(options, lengths, capacity)
     sharing = core_sharing(topology, profile)
-    idle = idle_overheads(topology, raw, profile, facts.num_layers, sharing)
-    overheads = idle["route_overhead_s"]
-    sims = [simulate_side(topology, raw, w, facts.num_layers, overheads, sharing)
-            for w in loads]
-    # the same simulator without the measured overheads, and without the shared cores: what
-    # each changes (reported only)
-    bare = [simulate_side(topology, raw, w, facts.num_layers, None, sharing)[0]
-            for w in loads] if overheads else [s for s, _ in sims]
-    unshared = [simulate_side(topology, raw, w, facts.num_layers, overheads)[0]
-                for w in loads] if sharing["sim_groups"] else [s for s, _ in sims]
-    tick(f"simulated {len(loads)} loads (planner capacity {capacity:.3f} req/s at t={t})")
+    idle_points: list[dict[str, Any]] | None = None  # None: the profile's
     lives = []
     t0 = time.perf_counter()
     with deployed(free_ports(topology), out_dir / "logs") as dep:
@@ -466,12 +476,29 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         if warm:
             tick(f"warm-up: {len(warm)} requests, {sum(p['ok'] for p in warm)} ok, routes "
                  + "".join("R" if p["route"] == "prfaas" else "L" for p in warm))
+        if options.idle_points_on_deployment:
+            with pinned_thread(topology.router_cores, "router.cores"):
+                idle_points = deployment_idle_points(dep.url, served_model(dep.url), profile,
+                                                     facts.max_context_tokens,
+                                                     facts.vocab_size)
+            tick(f"idle points on this deployment: {len(idle_points)}")
         for i, w in enumerate(loads):
             with pinned_thread(topology.router_cores, "router.cores"):  # the load generator
                 lives.append(live_side(dep.url, served_model(dep.url), w, facts.vocab_size,
                                        options.seed + 1 + i))
             tick(f"live load {w.offered_rps():.3f} req/s done")
             time.sleep(1.0)
+    idle = idle_overheads(topology, raw, profile, facts.num_layers, sharing, idle_points)
+    overheads = idle["route_overhead_s"]
+    sims = [simulate_side(topology, raw, w, facts.num_layers, overheads, sharing)
+            for w in loads]
+    # the same simulator without the measured overheads, and without the shared cores: what
+    # each changes (reported only)
+    bare = [simulate_side(topology, raw, w, facts.num_layers, None, sharing)[0]
+            for w in loads] if overheads else [s for s, _ in sims]
+    unshared = [simulate_side(topology, raw, w, facts.num_layers, overheads)[0]
+                for w in loads] if sharing["sim_groups"] else [s for s, _ in sims]
+    tick(f"simulated {len(loads)} loads (planner capacity {capacity:.3f} req/s at t={t})")
     entries = []
     for w, (live, extra), (sim, _), sim0, sim1 in zip(loads, lives, sims, bare, unshared,
                                                      strict=True):
@@ -509,6 +536,7 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         "link_sender_burst_bytes": _burst_bytes(topology),
         "planner_capacity_rps": round(capacity, 5),
         "route_overhead_s": overheads, "idle_points": idle["points"],
+        "idle_points_source": "profile" if idle_points is None else "deployment",
         "core_sharing": sharing,
         "plan_for_deployment_pool": {"threshold_tokens": plan.threshold_tokens,
                                      "n_p": plan.n_p, "n_d": plan.n_d,
