@@ -463,7 +463,10 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
                                     topology.link.rate_gbps or 100.0)
     loads = workloads(options, lengths, capacity)
     sharing = core_sharing(topology, profile)
-    idle_points: list[dict[str, Any]] | None = None  # None: the profile's
+    # the route overheads: from the profile's idle points now, or from the deployment's below
+    # (both before any load: an idle point the simulator routes elsewhere stops the run early)
+    idle = (None if options.idle_points_on_deployment
+            else idle_overheads(topology, raw, profile, facts.num_layers, sharing))
     lives = []
     t0 = time.perf_counter()
     with deployed(free_ports(topology), out_dir / "logs") as dep:
@@ -481,6 +484,8 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
                 idle_points = deployment_idle_points(dep.url, served_model(dep.url), profile,
                                                      facts.max_context_tokens,
                                                      facts.vocab_size)
+            idle = idle_overheads(topology, raw, profile, facts.num_layers, sharing,
+                                  idle_points)
             tick(f"idle points on this deployment: {len(idle_points)}")
         for i, w in enumerate(loads):
             with pinned_thread(topology.router_cores, "router.cores"):  # the load generator
@@ -488,7 +493,7 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
                                        options.seed + 1 + i))
             tick(f"live load {w.offered_rps():.3f} req/s done")
             time.sleep(1.0)
-    idle = idle_overheads(topology, raw, profile, facts.num_layers, sharing, idle_points)
+    assert idle is not None
     overheads = idle["route_overhead_s"]
     sims = [simulate_side(topology, raw, w, facts.num_layers, overheads, sharing)
             for w in loads]
@@ -536,7 +541,8 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         "link_sender_burst_bytes": _burst_bytes(topology),
         "planner_capacity_rps": round(capacity, 5),
         "route_overhead_s": overheads, "idle_points": idle["points"],
-        "idle_points_source": "profile" if idle_points is None else "deployment",
+        "idle_points_source": ("deployment" if options.idle_points_on_deployment
+                               else "profile"),
         "core_sharing": sharing,
         "plan_for_deployment_pool": {"threshold_tokens": plan.threshold_tokens,
                                      "n_p": plan.n_p, "n_d": plan.n_d,
