@@ -15,6 +15,7 @@ import yaml
 
 from prfaas.cli import main
 from prfaas.core.errors import ConfigError
+from prfaas.experiments import idle_routes
 from prfaas.experiments import sim_vs_live as svl
 from prfaas.integrations.vllm.profile import (
     VllmProfile,
@@ -285,7 +286,7 @@ def test_run_writes_the_schema_end_to_end_with_a_stand_in_live_world(
         return [{"length_tokens": n, "ok": True, "route": "pd" if n < 1024 else "prfaas",
                  "ttft_s": 0.1, "prefill_s": 0.1} for n in lengths]
 
-    monkeypatch.setattr(svl, "warm_up", fake_warm_up)
+    monkeypatch.setattr(idle_routes, "warm_up", fake_warm_up)
     measured: list[str] = []
 
     def fake_idle_points(url: str, *a: object) -> list[dict[str, object]]:

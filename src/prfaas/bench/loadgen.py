@@ -66,6 +66,12 @@ class Result:
         return self.status == 200 and not self.error
 
     @property
+    def first_route(self) -> str:
+        """The router's first decision ("pd", "prfaas"; "" when it said none): before any
+        retry moved the request local, where `prfaas.route` is the last."""
+        return str(self.prfaas.get("first_route") or self.prfaas.get("route") or "")
+
+    @property
     def tpot_s(self) -> float | None:
         if self.ttft_s is None or self.e2e_s is None or self.output_tokens < 2:
             return None

@@ -48,7 +48,7 @@ def measure(topology: Any, lengths: list[int], log_dir: str | Path, reps: int = 
     from prfaas.experiments.sim_vs_live import free_ports, served_model
 
     facts = model_facts(topology)
-    usable = [n for n in lengths if n < facts.max_context_tokens - OUTPUT_TOKENS - 1]
+    usable = usable_lengths(lengths, facts.max_context_tokens)
     with (deployed(free_ports(topology), Path(log_dir) / "idle-routes") as dep,
           pinned_thread(topology.router_cores, "router.cores")):  # the client: as sim-vs-live's
         points = measure_on(dep.url, served_model(dep.url), usable, facts.vocab_size, reps,
@@ -56,31 +56,62 @@ def measure(topology: Any, lengths: list[int], log_dir: str | Path, reps: int = 
     return {"how": HOW, "points": points}
 
 
-def measure_on(url: str, model: str, lengths: list[int], vocab_size: int, reps: int,
-               seed: int, warm: bool = True) -> list[dict[str, Any]]:
+def usable_lengths(lengths: list[int], max_context_tokens: int) -> list[int]:
+    """The lengths a lone request can have with its output tokens in the model's context."""
+    return [n for n in lengths if n < max_context_tokens - OUTPUT_TOKENS - 1]
+
+
+def lone_request(url: str, model: str, length: int, output_tokens: int, vocab_size: int,
+                 rng: np.random.Generator, timeout_s: float = 300.0) -> Any:
+    """One request of a fresh random token-id prompt, alone: its loadgen `Result`."""
     from prfaas.bench.loadgen import run_load
     from prfaas.bench.workload import BenchRequest
-    from prfaas.experiments.sim_vs_live import warm_up
 
-    # one unmeasured round of the lengths first (both routes): the first request on each
-    # prefill instance of a fresh deployment pays one-time costs (sim_vs_live.warm_up)
-    if warm:  # (False: the caller has just warmed the deployment)
+    req = BenchRequest([int(t) for t in rng.integers(3, vocab_size, int(length))], output_tokens)
+    return asyncio.run(run_load(url, model, [req], [0.0], timeout_s=timeout_s))[0]
+
+
+def warm_up(url: str, model: str, lengths: list[int], output_tokens: int, vocab_size: int,
+            seed: int) -> list[dict[str, Any]]:
+    """Unmeasured requests, one at a time, then a pause; their outcome, for the record only.
+
+    A freshly started deployment's first requests pay one-time costs the simulator (a steady
+    state) has no term for: measured, the first local and the first offloaded request of
+    sim-vs-live's first load took 2.2-4.7x the profile's T(l) in their prefill call, the same
+    prompts in the next load 0.8-1.5x (docs/sim-vs-live.md). The profile's own instance is
+    warmed before it is timed too (integrations/vllm/profile.py)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        res = lone_request(url, model, n, output_tokens, vocab_size, rng, timeout_s=900.0)
+        out.append({"length_tokens": int(n), "ok": bool(res.ok), "route": res.first_route,
+                    "ttft_s": _num(res.ttft_s), "prefill_s": _num(res.prfaas.get("prefill_s"))})
+    time.sleep(PAUSE_S)  # every instance idle again before what follows
+    return out
+
+
+def measure_on(url: str, model: str, lengths: list[int], vocab_size: int, reps: int,
+               seed: int, warm: bool = True) -> list[dict[str, Any]]:
+    """`reps` rounds of lone requests at `lengths` (after one unmeasured round unless `warm`
+    is False: the caller has just warmed the deployment)."""
+    if warm:
         warm_up(url, model, lengths, OUTPUT_TOKENS, vocab_size, seed - 1)
     rng = np.random.default_rng(seed)
     points = []
     for _ in range(reps):  # lengths interleaved: a slow moment of the host spreads over all
         for n in lengths:
-            req = BenchRequest([int(t) for t in rng.integers(3, vocab_size, n)], OUTPUT_TOKENS)
-            res = asyncio.run(run_load(url, model, [req], [0.0], timeout_s=300.0))[0]
+            res = lone_request(url, model, n, OUTPUT_TOKENS, vocab_size, rng)
             if res.ok and res.ttft_s is not None:
-                route = res.prfaas.get("first_route") or res.prfaas.get("route") or ""
-                prefill = res.prfaas.get("prefill_s")  # diagnosis only, never compared
-                points.append({"route": str(route), "length_tokens": int(n),
+                prefill = _num(res.prfaas.get("prefill_s"))  # diagnosis only, never compared
+                points.append({"route": res.first_route, "length_tokens": int(n),
                                "ttft_s": round(float(res.ttft_s), 6),
-                               **({"prefill_s": round(float(prefill), 6)}
-                                  if isinstance(prefill, (int, float)) else {})})
+                               **({"prefill_s": prefill} if prefill is not None else {})})
             time.sleep(PAUSE_S)
     return points
+
+
+def _num(value: Any) -> float | None:
+    return round(float(value), 6) if isinstance(value, (int, float)) else None
 
 
 def route_overheads(points: list[dict[str, Any]], sim_ttft_s: list[float]

@@ -136,8 +136,7 @@ def live(url: str, model: str, workload: Workload, pids: list[int], seed: int) -
     finish = np.array([r.sent_s + r.e2e_s if r.ok and r.e2e_s is not None else nan
                        for r in results])
     remote = np.array([r.prfaas.get("route") == "prfaas" for r in results], dtype=bool)
-    offered = np.array([(r.prfaas.get("first_route") or r.prfaas.get("route")) == "prfaas"
-                        for r in results], dtype=bool)
+    offered = np.array([r.first_route == "prfaas" for r in results], dtype=bool)
     kv = np.array([float(r.prfaas.get("kv_bytes", 0) or 0) for r in results])
     link = float(kv[remote].sum())
     return RunRecord(judge(workload.offered_rps(), arrival, ready, finish), arrival, ready,

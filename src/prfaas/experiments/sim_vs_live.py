@@ -54,7 +54,8 @@ class Options:
     min_tokens: int = 64
     max_tokens: int = 3500  # clipped to the model's context minus the longest output
     output_range: tuple[int, int] = (16, 32)
-    # unmeasured requests through the fresh deployment before the first load (warm_up)
+    # unmeasured requests through the fresh deployment before the first load
+    # (idle_routes.warm_up)
     warmup_requests: int = 8
     # the route overheads' idle points: measured on the loads' own deployment just before the
     # first load (True), or read from the profile (False: its `idle_ttft`, if any)
@@ -337,8 +338,9 @@ def deployment_idle_points(url: str, model: str, profile: Path, max_context_toke
     earlier (experiments/idle_routes.py)."""
     from prfaas.experiments import idle_routes as idle
 
-    lengths = [int(p["length_tokens"]) for p in read_profile_file(profile)["prefill"]["points"]]
-    usable = [n for n in lengths if n < max_context_tokens - idle.OUTPUT_TOKENS - 1]
+    usable = idle.usable_lengths([int(p["length_tokens"]) for p in
+                                  read_profile_file(profile)["prefill"]["points"]],
+                                 max_context_tokens)
     points = idle.measure_on(url, model, usable, vocab_size, idle.REPS, seed=11, warm=False)
     if not points:  # (a failed request leaves no point): no overheads would be a silent change
         raise PrfaasError(f"idle points: none of {len(usable) * idle.REPS} lone requests "
@@ -364,8 +366,7 @@ def live_side(url: str, model: str, workload: Workload, vocab_size: int, seed: i
     ttft = np.array([r.ttft_s if r.ok and r.ttft_s is not None else nan for r in results])
     finish = np.array([r.sent_s + r.e2e_s if r.ok and r.e2e_s is not None else nan
                        for r in results])
-    remote = np.array([(r.prfaas.get("first_route") or r.prfaas.get("route")) == "prfaas"
-                       for r in results], dtype=bool)
+    remote = np.array([r.first_route == "prfaas" for r in results], dtype=bool)
     kv = [(int(workload.input_tokens[r.index]), int(r.prfaas.get("kv_bytes") or 0))
           for r in results if r.ok and r.prfaas.get("route") == "prfaas"]
     extra = {"errors": sum(1 for r in results if not r.ok),
@@ -393,33 +394,6 @@ def warmup_lengths(lengths: LengthDistribution, n: int) -> list[int]:
     """n prompt lengths at the distribution's quantiles k/(n+1): spread over its range, so the
     threshold policy sends some each way (each prefill instance, each KV link)."""
     return [lengths.quantile((k + 1) / (n + 1)) for k in range(n)]
-
-
-def warm_up(url: str, model: str, lengths: list[int], output_tokens: int, vocab_size: int,
-            seed: int) -> list[dict[str, Any]]:
-    """Send the warm-up requests one at a time; their outcome, for the record only.
-
-    A freshly started deployment's first requests pay one-time costs the simulator (a steady
-    state) has no term for: measured, the first local and the first offloaded request of the
-    first load took 2.2-4.7x the profile's T(l) in their prefill call, the same prompts in the
-    next load 0.8-1.5x (docs/sim-vs-live.md). The profile's own instance is warmed the same
-    way before it is timed (integrations/vllm/profile.py)."""
-    import asyncio
-
-    from prfaas.bench.loadgen import run_load
-    from prfaas.bench.workload import BenchRequest
-    from prfaas.experiments.idle_routes import PAUSE_S
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for n in lengths:
-        req = BenchRequest([int(t) for t in rng.integers(3, vocab_size, int(n))], output_tokens)
-        res = asyncio.run(run_load(url, model, [req], [0.0], timeout_s=900.0))[0]
-        out.append({"length_tokens": int(n), "ok": bool(res.ok),
-                    "route": str(res.prfaas.get("first_route") or res.prfaas.get("route") or ""),
-                    "ttft_s": _num(res.ttft_s), "prefill_s": _num(res.prfaas.get("prefill_s"))})
-    time.sleep(PAUSE_S)  # every instance idle again before the first load
-    return out
 
 
 def kv_check(offloaded: list[tuple[int, int]], profile: Path) -> dict[str, Any] | None:
@@ -451,6 +425,7 @@ def free_ports(topology: Any) -> Any:
 def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         tick: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     from prfaas.experiments.engine_facts import model_facts
+    from prfaas.experiments.idle_routes import warm_up
     from prfaas.experiments.runs import deployed
 
     started = time.perf_counter()
@@ -472,16 +447,16 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
     with deployed(free_ports(topology), out_dir / "logs") as dep:
         startup_s = time.perf_counter() - t0
         tick(f"deployment up in {startup_s:.0f} s")
-        warm_lengths = warmup_lengths(lengths, options.warmup_requests)
+        model = served_model(dep.url)
         with pinned_thread(topology.router_cores, "router.cores"):
-            warm = warm_up(dep.url, served_model(dep.url), warm_lengths,
+            warm = warm_up(dep.url, model, warmup_lengths(lengths, options.warmup_requests),
                            options.output_range[0], facts.vocab_size, options.seed - 1)
         if warm:
             tick(f"warm-up: {len(warm)} requests, {sum(p['ok'] for p in warm)} ok, routes "
                  + "".join("R" if p["route"] == "prfaas" else "L" for p in warm))
         if options.idle_points_on_deployment:
             with pinned_thread(topology.router_cores, "router.cores"):
-                idle_points = deployment_idle_points(dep.url, served_model(dep.url), profile,
+                idle_points = deployment_idle_points(dep.url, model, profile,
                                                      facts.max_context_tokens,
                                                      facts.vocab_size)
             idle = idle_overheads(topology, raw, profile, facts.num_layers, sharing,
@@ -489,7 +464,7 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
             tick(f"idle points on this deployment: {len(idle_points)}")
         for i, w in enumerate(loads):
             with pinned_thread(topology.router_cores, "router.cores"):  # the load generator
-                lives.append(live_side(dep.url, served_model(dep.url), w, facts.vocab_size,
+                lives.append(live_side(dep.url, model, w, facts.vocab_size,
                                        options.seed + 1 + i))
             tick(f"live load {w.offered_rps():.3f} req/s done")
             time.sleep(1.0)
