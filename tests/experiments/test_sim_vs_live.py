@@ -213,6 +213,8 @@ def _rounding(live: np.ndarray, sim: np.ndarray, ok: np.ndarray) -> float:
                                   "sim_vs_live_vllm_idle_on_deployment_run1.json",
                                   "sim_vs_live_vllm_idle_on_deployment_run2.json",
                                   "sim_vs_live_vllm_idle_on_deployment_run3.json",
+                                  "sim_vs_live_vllm_after_series_run1.json",
+                                  "sim_vs_live_vllm_after_series_run2.json",
                                   "sim_vs_live_vllm_spin_run1.json",
                                   "sim_vs_live_vllm_spin_run2.json",
                                   "sim_vs_live_vllm_spin_run3.json",
