@@ -17,6 +17,8 @@ field and value. It is never mutated; planner, simulator and CLI read it. The sc
                 naive_heterogeneous: {prefill: {hardware, instances},
                                       decode: {hardware, instances}}}
     link: {gbps, intra_gbps, schedule, pipelined, connections, per_connection_gbps,
+           order,   (shared | fifo: transfers interleaved, as the native worker sends, or one
+                     at a time in start order, as the vLLM connector does; default shared)
            rtt_ms, loss, mss_bytes,   (the TCP path terms: models/tcp.py)
            wire_dtype,   (bf16 | fp8_e4m3: full-attention KV on the wire; default the cache
                           dtype. The planner and simulator then move `wire_kv` bytes)
@@ -95,6 +97,7 @@ class Scenario:
     tcp: TcpPath = field(default_factory=TcpPath)  # RTT/loss/connections of the link
     wire_dtype: str | None = None  # link.wire_dtype (None: KV travels in its cache dtype)
     compression: str = "none"  # link.compression (models/compression.py)
+    link_order: str = "shared"  # link.order: how concurrent transfers cross (LINK_ORDERS)
     codec_kv: str = DEFAULT_CODEC_KV  # link.codec_kv: whose measured codec figures
     reference: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -332,7 +335,7 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
                           "the PD cluster needs at least 2 instances (one prefill, one decode)")
     link = _mapping(raw.get("link"), "link")
     _check_keys(link, {"gbps", "intra_gbps", "schedule", "connections", "per_connection_gbps",
-                       "pipelined", "rtt_ms", "loss", "mss_bytes", "wire_dtype",
+                       "pipelined", "order", "rtt_ms", "loss", "mss_bytes", "wire_dtype",
                        "compression", "codec_kv"}, "link")
     workload = _mapping(raw.get("workload"), "workload")
     _check_keys(workload, {"input", "output_tokens", "trace", "arrivals"}, "workload")
@@ -351,11 +354,24 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
         output_tokens=_count(workload, "output_tokens", "workload"),
         t_step_tokens=int(planner.get("t_step_tokens", 100)), mode=mode, model=model,
         tcp=_tcp(link), wire_dtype=wire_dtype_name(link.get("wire_dtype")),
-        compression=_compression(link), codec_kv=str(link.get("codec_kv", DEFAULT_CODEC_KV)),
+        compression=_compression(link), link_order=_link_order(link),
+        codec_kv=str(link.get("codec_kv", DEFAULT_CODEC_KV)),
         reference=dict(raw.get("reference") or {}), raw=raw, path=path,
     )
     scenario.wire_kv  # noqa: B018 (a codec without measured figures fails the load, not a run)
     return scenario
+
+
+# how concurrent transfers cross the inter-cluster link (sim/link.py): interleaved (processor
+# sharing) or one at a time in start order
+LINK_ORDERS = ("shared", "fifo")
+
+
+def _link_order(link: dict[str, Any]) -> str:
+    order = str(link.get("order", "shared"))
+    if order not in LINK_ORDERS:
+        raise UnknownNameError("link.order", order, list(LINK_ORDERS))
+    return order
 
 
 def _compression(link: dict[str, Any]) -> str:

@@ -6,6 +6,12 @@ link keeps a per-flow "virtual bytes" clock W that advances at that rate; a flow
 starts at W0 finishes when W reaches W0 + b. A join, a finish or a capacity change costs
 O(log n), with no per-byte or per-packet events.
 
+`FifoLink` is the other order a sender can have: one transfer at a time, in the order they
+started, each at min(cap, B(t)). It is how the vLLM connector sends (integrations/vllm/link.py:
+one ordered queue per destination, so a transfer's layers wait behind every layer queued before
+them), where the native prefill worker interleaves concurrent transfers on its connections
+(processor sharing). `make_link` picks one by name (`LINK_ORDERS`).
+
 `LinkSchedule` is B(t): constant, or piecewise constant from [(start_s, gbps), ...].
 """
 
@@ -13,10 +19,12 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prfaas.core.errors import ConfigError
+from prfaas.core.errors import ConfigError, UnknownNameError
+from prfaas.scenario import LINK_ORDERS
 
 BYTES_PER_GBPS = 1e9 / 8
 
@@ -80,6 +88,10 @@ class SharedLink:
         return min(self.flow_cap_bps, self._capacity_bps / n) if n else \
             min(self.flow_cap_bps, self._capacity_bps)
 
+    def egress_bps(self) -> float:
+        """What the link carries now, all flows together."""
+        return self.flow_rate_bps() * len(self._flows)
+
     def advance(self, now_s: float) -> None:
         dt = now_s - self._last_s
         if dt > 0 and self._flows:
@@ -126,3 +138,96 @@ class SharedLink:
         if done:
             self.version += 1
         return done
+
+
+class FifoLink:
+    """One transfer at a time in start order, at min(cap, B(t)); the same interface as
+    `SharedLink`. Bytes a finished head leaves unused within an interval go to the next flow
+    (work-conserving), so an event processed late loses no capacity."""
+
+    def __init__(self, schedule: LinkSchedule, flow_cap_gbps: float | None = None) -> None:
+        if flow_cap_gbps is not None and not flow_cap_gbps > 0:
+            raise ConfigError("link.per_connection_gbps", flow_cap_gbps, "must be positive")
+        self.schedule = schedule
+        self.flow_cap_bps = flow_cap_gbps * BYTES_PER_GBPS if flow_cap_gbps else float("inf")
+        self._capacity_bps = schedule.at(0.0) * BYTES_PER_GBPS
+        self._last_s = 0.0
+        self._queue: deque[list[float]] = deque()  # [bytes left, flow id, size], start order
+        self.version = 0
+        self.busy_s = 0.0
+        self.bytes_sent = 0.0
+
+    @property
+    def active(self) -> int:
+        return len(self._queue)
+
+    def capacity_gbps(self) -> float:
+        return self._capacity_bps / BYTES_PER_GBPS
+
+    def flow_rate_bps(self) -> float:
+        """The head's rate (every flow's, once it is the head)."""
+        return min(self.flow_cap_bps, self._capacity_bps)
+
+    def egress_bps(self) -> float:
+        return self.flow_rate_bps() if self._queue else 0.0
+
+    def advance(self, now_s: float) -> None:
+        dt = now_s - self._last_s
+        if dt > 0 and self._queue:
+            rate = self.flow_rate_bps()
+            budget = rate * dt
+            for flow in self._queue:
+                take = min(max(flow[0], 0.0), budget)
+                flow[0] -= take
+                budget -= take
+                if budget <= 0:
+                    break
+            sent = rate * dt - budget
+            self.bytes_sent += sent
+            self.busy_s += sent / rate
+        self._last_s = now_s
+
+    def set_capacity(self, now_s: float, gbps: float) -> None:
+        self.advance(now_s)
+        self._capacity_bps = gbps * BYTES_PER_GBPS
+        self.version += 1
+
+    def start(self, now_s: float, flow_id: int, size_bytes: float) -> None:
+        self.advance(now_s)
+        self._queue.append([max(size_bytes, 0.0), float(flow_id), max(size_bytes, 0.0)])
+        self.version += 1
+
+    def cancel(self, now_s: float, flow_ids: set[int]) -> int:
+        self.advance(now_s)
+        kept = [f for f in self._queue if int(f[1]) not in flow_ids]
+        dropped = len(self._queue) - len(kept)
+        if dropped:
+            self._queue = deque(kept)
+            self.version += 1
+        return dropped
+
+    def next_finish_s(self) -> float | None:
+        if not self._queue:
+            return None
+        return self._last_s + max(self._queue[0][0], 0.0) / self.flow_rate_bps()
+
+    def pop_finished(self, now_s: float) -> list[int]:
+        """Flows done by `now_s` (a tolerance relative to the flow's size absorbs rounding)."""
+        self.advance(now_s)
+        done: list[int] = []
+        while self._queue and self._queue[0][0] <= 1e-9 * max(1.0, self._queue[0][2]):
+            done.append(int(self._queue.popleft()[1]))
+        if done:
+            self.version += 1
+        return done
+
+
+def make_link(schedule: LinkSchedule, flow_cap_gbps: float | None = None,
+              order: str = "shared") -> SharedLink | FifoLink:
+    """The inter-cluster link with its transfers in `order`: "shared" (processor sharing,
+    the native worker) or "fifo" (one at a time, the vLLM connector)."""
+    if order == "shared":
+        return SharedLink(schedule, flow_cap_gbps)
+    if order == "fifo":
+        return FifoLink(schedule, flow_cap_gbps)
+    raise UnknownNameError("link.order", order, list(LINK_ORDERS))

@@ -8,7 +8,8 @@ then plugin callbacks (`call_at`). Every request is routed by a `Router`
 through `SimView`, the simulator's `ClusterView`. Prefix caches and the role rebalancer are
 `SimPlugin`s (plugin.py): listeners called at fixed points, not subclasses.
 
-A remote (PrfaaS) transfer shares the inter-cluster link (see link.py). Pipelined: the flow
+A remote (PrfaaS) transfer shares the inter-cluster link (see link.py), by processor sharing or,
+with `cfg.link_order == "fifo"`, one transfer at a time in start order. Pipelined: the flow
 joins at prefill start and ends at the later of its bandwidth-limited finish and prefill end plus
 the last layer's share; otherwise it joins at prefill end. Local transfers run unshared at the
 intra-cluster rate with the same overlap rule. TTFT ends when the whole KV (and with it the
@@ -51,7 +52,7 @@ from prfaas.policy.base import Router, make_router
 from prfaas.policy.spill import SpillAction, SpillPolicy
 from prfaas.sim.failover import Failover
 from prfaas.sim.instances import DecodeInstance, PrefillInstance, instance_id
-from prfaas.sim.link import BYTES_PER_GBPS, SharedLink
+from prfaas.sim.link import BYTES_PER_GBPS, make_link
 from prfaas.sim.plugin import Placement, SimPlugin
 from prfaas.sim.request_log import RequestLog
 from prfaas.sim.sharing import CoreGroup
@@ -97,7 +98,7 @@ class Simulator:
                                       f"({sorted(self.prefill_by_id)})")
                 self.prefill_by_id[member].share = group
         self.decode_by_id = {d.instance_id: d for d in self.decoders}
-        self.link = SharedLink(cfg.link, cfg.flow_cap_gbps)
+        self.link = make_link(cfg.link, cfg.flow_cap_gbps, cfg.link_order)
         self.view = SimView(self, candidate_limit)
         self.now_s = 0.0
         self.events = 0

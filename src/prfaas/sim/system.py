@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from prfaas.core.errors import ConfigError, UnknownNameError
 from prfaas.models.profile import DecodeTime, KVSize, PrefillTime
 from prfaas.models.profile_file import check_core_share_factor
-from prfaas.scenario import Scenario
+from prfaas.scenario import LINK_ORDERS, Scenario
 from prfaas.sim.link import LinkSchedule
 
 if TYPE_CHECKING:
@@ -69,6 +69,9 @@ class SystemConfig:
     # alone (sim/sharing.py; 2.0: pure processor sharing). Empty: independent machines
     core_groups: tuple[tuple[str, ...], ...] = ()
     core_share_factor: float = 2.0
+    # the order transfers cross the inter-cluster link in (sim/link.py): "shared" (processor
+    # sharing: the native worker interleaves them) or "fifo" (one at a time: the vLLM connector)
+    link_order: str = "shared"
 
     def describe(self) -> dict[str, Any]:
         """The resolved configuration, written beside results."""
@@ -86,6 +89,7 @@ class SystemConfig:
                    if self.local_overhead_s or self.remote_overhead_s else {}),
                 **({"core_groups": [list(g) for g in self.core_groups],
                     "core_share_factor": self.core_share_factor} if self.core_groups else {}),
+                **({"link_order": self.link_order} if self.link_order != "shared" else {}),
                 "pipelined": self.pipelined, "kv_layers": self.kv_layers,
                 "prefill_order": self.prefill_order}
 
@@ -129,7 +133,8 @@ def build_system(s: Scenario, system: str, *, threshold_tokens: int | None = Non
         decode=decode_hw.require_decode(), kv=s.wire_kv, link=_schedule(link_raw, s.link_gbps),
         cache_kv=s.kv if s.wire_kv is not s.kv else None,
         flow_cap_gbps=s.flow_cap_gbps, rtt_s=s.tcp.rtt_s, intra_gbps=s.intra_gbps,
-        pipelined=bool(link_raw.get("pipelined", True)), kv_layers=layers)
+        pipelined=bool(link_raw.get("pipelined", True)), kv_layers=layers,
+        link_order=s.link_order)
     pool = s.pd.instances if system == "prfaas_pd" else s.homogeneous.instances
     if n_p is not None and n_d is None:
         n_d = pool - n_p  # one flag moves the split; the pool size stays
@@ -170,6 +175,8 @@ def _validate(cfg: SystemConfig, pd_total: int) -> None:
         raise ConfigError("threshold_tokens", cfg.threshold_tokens, "must be >= 0")
     if cfg.prefill_order not in ("fifo", "sjf"):
         raise UnknownNameError("prefill_order", cfg.prefill_order, ["fifo", "sjf"])
+    if cfg.link_order not in LINK_ORDERS:
+        raise UnknownNameError("link.order", cfg.link_order, list(LINK_ORDERS))
     if cfg.max_queued_per_prefill is not None and cfg.max_queued_per_prefill < 1:
         raise ConfigError("max_queued_per_prefill", cfg.max_queued_per_prefill, "must be >= 1")
     check_core_share_factor(cfg.core_share_factor)

@@ -143,7 +143,7 @@ class SimView:
         if key is not None and key[0] == link.version and key[1] == self._sim.link_down:
             return self._link_status  # nothing joined, left or changed capacity since
         key = (link.version, self._sim.link_down)
-        egress = link.flow_rate_bps() * link.active / BYTES_PER_GBPS
+        egress = link.egress_bps() / BYTES_PER_GBPS
         self._link_status = LinkStatus(link.capacity_gbps(), egress, up=not self._sim.link_down)
         self._link_key = key
         return self._link_status
