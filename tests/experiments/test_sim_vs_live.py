@@ -435,3 +435,23 @@ def test_shared_cores_slow_only_overlapping_prefills_in_sim_vs_live() -> None:
     assert "core_groups" not in cfg0 and cfg["core_share_factor"] == 2.0
     slower = shared.ttft_s - plain.ttft_s
     assert np.all(slower >= -1e-9) and np.any(slower > 1e-3)  # overlaps cost (here none gains)
+
+
+def test_the_simulated_link_sends_in_the_order_the_engines_sender_does() -> None:
+    """vLLM's connector queues one destination's layers in order (fifo); the native worker
+    interleaves transfers (shared). The scenario sim-vs-live builds says which, and the
+    simulator it builds uses it."""
+    from prfaas.scenario import parse_scenario
+    from prfaas.sim.link import FifoLink, SharedLink
+    from prfaas.sim.simulator import Simulator
+    from prfaas.sim.system import build_system
+
+    profile = profile_path("cpu-tiny").resolve()
+    for topo, order, link_type in (
+            (load_topology(ROOT / "topologies" / "vllm-local.yaml"), "fifo", FifoLink),
+            (load_topology(), "shared", SharedLink)):
+        raw = svl.scenario_dict(topo, profile, svl.QUICK, 4096)
+        assert raw["link"]["order"] == order
+        cfg = build_system(parse_scenario(raw), "prfaas_pd", threshold_tokens=1024)
+        w = svl.workloads(svl.QUICK, svl.lengths_for(svl.QUICK, 4096), 1.0)[0]
+        assert isinstance(Simulator(cfg, w).link, link_type)

@@ -181,7 +181,10 @@ def _roles(topology: Any) -> dict[str, int]:
 def scenario_dict(topology: Any, profile: Path, options: Options, max_context_tokens: int
                   ) -> dict[str, Any]:
     """The deployment as a scenario (`prfaas plan --scenario` reads it): every pool on the
-    measured profile, the topology's instance counts and link."""
+    measured profile, the topology's instance counts and link (its transfers in the order
+    the engine's workers send them: `EngineBackend.link_order`)."""
+    from prfaas.serve.engines import engine_backend
+
     n = _roles(topology)
     pd = n["pd-p"] + n["pd-d"]
     hi = min(options.max_tokens, max_context_tokens - options.output_range[1] - 1)
@@ -198,7 +201,8 @@ def scenario_dict(topology: Any, profile: Path, options: Options, max_context_to
                           "decode": {"hardware": "measured", "instances": pd}}},
         "link": {"gbps": topology.link.rate_gbps or 100.0,
                  "intra_gbps": topology.intra_link.rate_gbps or 100.0,
-                 "connections": topology.link.connections, "pipelined": True},
+                 "connections": topology.link.connections, "pipelined": True,
+                 "order": engine_backend(topology).link_order},
         "workload": {"input": {"dist": "lognormal", "mu": float(np.log(options.median_tokens)),
                                "sigma": options.sigma, "min_tokens": options.min_tokens,
                                "max_tokens": hi},

@@ -64,6 +64,10 @@ class EngineBackend(ABC):
     # lossy link wire dtypes its workers encode and decode (topology `link.wire_dtype`); none:
     # its KV crosses as cached (the emulated engine checks its KV bytes exactly)
     wire_dtypes: ClassVar[tuple[str, ...]] = ()
+    # how its prefill workers put concurrent transfers to one decoder on the link, as the
+    # simulator orders them (sim/link.py): "shared", interleaved on the connections (prfaas'
+    # worker: one sending task per transfer), or "fifo", one after another
+    link_order: ClassVar[str] = "shared"
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology

@@ -226,6 +226,38 @@ def test_send_and_recv_links_carry_a_transfer_and_report_its_end() -> None:
         recv.stop()
 
 
+def test_send_link_sends_transfers_to_one_decoder_one_after_another() -> None:
+    """What the simulator's `link.order: fifo` stands for (VllmEngineBackend.link_order):
+    layers for one decoder cross in the order they were submitted, whichever transfer they
+    belong to, on a shaped link with several connections; so a transfer whose prefill starts
+    after another's ends waits for it (the native worker's one task per transfer would
+    interleave them, 1 2 1 2: processor sharing, `SharedLink`)."""
+    arrived: list[int] = []
+    recv = RecvLink(ReceiverConfig(port=0), lambda tid, *_: arrived.append(tid))
+    send = SendLink(SenderConfig(num_connections=4, chunk_bytes=8192, rate_gbps=0.02,
+                                 burst_bytes=16384))
+    try:
+        dest = ("127.0.0.1", recv.receiver.port)
+        layer = np.zeros((2, 16384), dtype=np.uint16)  # 64 KiB a layer, ~26 ms at 2.5 MB/s
+        for tid in (1, 2):
+            recv.expect(tid, 60.0)
+        for i in range(4):  # transfer 1's layers as its prefill makes them, 2's in between
+            send.submit(dest, Tensor(1, i, f"a{i}", layer, bfloat16=True))
+            if i == 1:
+                send.submit(dest, Tensor(2, 0, "b0", layer, bfloat16=True))
+        send.submit(dest, Finish(1))
+        for i in range(1, 4):
+            send.submit(dest, Tensor(2, i, f"b{i}", layer, bfloat16=True))
+        send.submit(dest, Finish(2))
+        done = {r.transfer_id: r for r in _wait(recv, 2, 60.0)}
+        assert done[1].error is None and done[2].error is None
+        # submit order, tensor by tensor: 2's first layer between 1's second and third
+        assert arrived == [1, 1, 2, 1, 1, 2, 2, 2]
+    finally:
+        send.stop()
+        recv.stop()
+
+
 def test_send_link_reconnects_to_a_receiver_restarted_on_the_same_port() -> None:
     """A decode instance killed and restarted between two transfers: the producer's idle
     connections lead to the dead process, and the kernel accepts the first frames written to

@@ -32,6 +32,9 @@ class VllmEngineBackend(EngineBackend):
     health_has_body = False  # vLLM's /health: 200 and an empty body
     start_timeout_s = START_TIMEOUT_S
     wire_dtypes = WIRE_DTYPES  # PrfaasConnector encodes fp8 (wire_quant.py)
+    # the connector's SendLink keeps one ordered queue per destination (link.py): a transfer's
+    # layers go out after every layer queued before them, so transfers cross one at a time
+    link_order = "fifo"
 
     @classmethod
     def check(cls, topology: Topology) -> None:
