@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import signal
 import sys
+import threading
+from types import FrameType
 
 import click
 
@@ -62,8 +65,26 @@ def cli() -> None:
     """prfaas: Prefill-as-a-Service for hybrid-attention LLMs: plan, simulate, serve."""
 
 
+def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; project errors become one line on stderr and exit code 2."""
+    """Run the CLI; project errors become one line on stderr and exit code 2. SIGTERM ends a
+    command as Ctrl-C does, through its `finally`s and `with`s (the engine instances a
+    profile or a sim-vs-live run started are stopped), exit code 143; a command with its own
+    handler (`serve`) installs it over this one."""
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        _main(argv)
+    finally:
+        if previous is not None:  # (None: set outside Python, nothing to put back)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         cli.main(args=argv, prog_name="prfaas", standalone_mode=False)
     except PrfaasError as err:
