@@ -458,3 +458,28 @@ def test_the_simulated_link_sends_in_the_order_the_engines_sender_does() -> None
         cfg = build_system(parse_scenario(raw), "prfaas_pd", threshold_tokens=1024)
         w = svl.workloads(svl.QUICK, svl.lengths_for(svl.QUICK, 4096), 1.0)[0]
         assert isinstance(Simulator(cfg, w).link, link_type)
+
+
+def test_a_shared_core_bounds_the_capacity_the_loads_are_fractions_of() -> None:
+    """Two prefill instances on one core: together they carry at most one core's prefill
+    work, 1 / E[T(l)] over the whole distribution at f = 2 (2/f of it at another f), however
+    the threshold splits it; the planner's terms alone count two machines."""
+    from prfaas.models.profile_file import load_profile_file
+    from prfaas.planner.throughput import mean_service_s
+
+    profile = profile_path("cpu-tiny").resolve()
+    lengths = svl.lengths_for(svl.QUICK, 16384)
+    prefill = load_profile_file(profile).prefill
+    assert prefill is not None
+    one_core = 1.0 / mean_service_s(lengths, prefill, "exact")
+    alone = svl.planner_capacity_rps(lengths, profile, 1024, 1, 1, 100.0)
+    for factor in (2.0, 1.5):
+        sharing = {"sim_groups": [["prfaas-p0000", "pd-p0000"]], "factor": factor}
+        shared = svl.shared_core_capacity_rps(lengths, profile, 1024, 1, 1, sharing)
+        assert shared == pytest.approx(one_core * 2.0 / factor, rel=1e-9)
+        assert svl.planner_capacity_rps(lengths, profile, 1024, 1, 1, 100.0, sharing) == \
+            pytest.approx(min(alone, shared), rel=1e-12)
+    assert alone > one_core  # here the shared core is what binds
+    # nothing shared: no bound, the planner's figure unchanged
+    assert svl.shared_core_capacity_rps(lengths, profile, 1024, 1, 1, {"sim_groups": []}) \
+        is None

@@ -212,16 +212,51 @@ def scenario_dict(topology: Any, profile: Path, options: Options, max_context_to
 
 
 def planner_capacity_rps(lengths: LengthDistribution, profile: Path, t: int, n_prf: int,
-                         n_p: int, link_gbps: float) -> float:
-    """The planner's Λmax for this split at a fixed t (Eq. 6's prefill terms, exact mode)."""
-    from prfaas.planner.throughput import bounds, stage_curves
+                         n_p: int, link_gbps: float, sharing: dict[str, Any] | None = None
+                         ) -> float:
+    """The planner's Λmax for this split at a fixed t (Eq. 6's prefill terms, exact mode),
+    and where prefill instances share cores (`sharing`: `core_sharing`'s groups), each shared
+    core's own bound (`shared_core_capacity_rps`). The loads are fractions of this."""
+    from prfaas.planner.throughput import bounds
+
+    curves = _curves(lengths, profile, t)
+    _, _, prf, pdp = bounds(curves, n_prf, n_p, link_gbps * 1e9 / 8)
+    cap = float(min(prf[0], pdp[0]))
+    shared = shared_core_capacity_rps(lengths, profile, t, n_prf, n_p, sharing)
+    return cap if shared is None else min(cap, shared)
+
+
+def _curves(lengths: LengthDistribution, profile: Path, t: int) -> Any:
+    from prfaas.planner.throughput import stage_curves
 
     hw = load_profile_file(profile)
     if hw.prefill is None:
         raise ConfigError("profile", str(profile), "has no prefill points")
-    curves = stage_curves(lengths, np.array([float(t)]), hw.prefill, hw.prefill, hw.kv, "exact")
-    _, _, prf, pdp = bounds(curves, n_prf, n_p, link_gbps * 1e9 / 8)
-    return float(min(prf[0], pdp[0]))
+    return stage_curves(lengths, np.array([float(t)]), hw.prefill, hw.prefill, hw.kv, "exact")
+
+
+def shared_core_capacity_rps(lengths: LengthDistribution, profile: Path, t: int, n_prf: int,
+                             n_p: int, sharing: dict[str, Any] | None) -> float | None:
+    """The request rate the most loaded shared core can carry: its members' prefill work per
+    request (an instance of a pool gets 1/n of that pool's requests, at their mean T(l)) at
+    most what k concurrent prefills get through there, k / slowdown(k, f) (sim/sharing.py's
+    law; 1.0 for two on one core at f = 2). None: no instances share cores. Without it two
+    instances pinned to one core count as two machines: in stop 33's runs on an AVX2 host
+    (prefill 0.89 s at 1K tokens) the "half load" filled 71% of core 0."""
+    from prfaas.sim.sharing import slowdown
+
+    groups = (sharing or {}).get("sim_groups") or []
+    if not groups:
+        return None
+    c = _curves(lengths, profile, t)
+    per_instance = {"prfaas-p": float(c.p_long[0] * c.long_service_s[0]) / max(n_prf, 1),
+                    "pd-p": float(c.p_short[0] * c.short_service_s[0]) / max(n_p, 1)}
+    caps = []
+    for group in groups:
+        work = sum(per_instance[m.rstrip("0123456789")] for m in group)
+        if work > 0:
+            caps.append(len(group) / slowdown(len(group), float(sharing["factor"])) / work)
+    return min(caps) if caps else None
 
 
 def workloads(options: Options, lengths: LengthDistribution, capacity_rps: float
@@ -438,10 +473,12 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
     n = _roles(topology)
     raw = scenario_dict(topology, profile, options, facts.max_context_tokens)
     lengths = lengths_for(options, facts.max_context_tokens)
-    capacity = planner_capacity_rps(lengths, profile, t, n["prfaas"], n["pd-p"],
-                                    topology.link.rate_gbps or 100.0)
-    loads = workloads(options, lengths, capacity)
     sharing = core_sharing(topology, profile)
+    capacity = planner_capacity_rps(lengths, profile, t, n["prfaas"], n["pd-p"],
+                                    topology.link.rate_gbps or 100.0, sharing)
+    unshared_capacity = planner_capacity_rps(lengths, profile, t, n["prfaas"], n["pd-p"],
+                                             topology.link.rate_gbps or 100.0)
+    loads = workloads(options, lengths, capacity)
     # the route overheads: from the profile's idle points now, or from the deployment's below
     # (both before any load: an idle point the simulator routes elsewhere stops the run early)
     idle = (None if options.idle_points_on_deployment
@@ -519,6 +556,9 @@ def run(topology: Any, profile: Path, options: Options, out_dir: Path,
         "router_cores": topology.router_cores,
         "link_sender_burst_bytes": _burst_bytes(topology),
         "planner_capacity_rps": round(capacity, 5),
+        # the same without the shared cores' bound (each instance its own machine); the loads
+        # are fractions of the figure above
+        "planner_capacity_unshared_rps": round(unshared_capacity, 5),
         "route_overhead_s": overheads, "idle_points": idle["points"],
         "idle_points_source": ("deployment" if options.idle_points_on_deployment
                                else "profile"),
