@@ -191,6 +191,7 @@ def test_resume_after_tokens_continues_without_repeat_or_drop(engine: Any) -> No
     assert third.prefill.name == "pdp-0"  # PrfaaS is held down
     assert third.decode.name != second.decode.name  # so is the dead decoder
     assert out.resumed == 2 and not out.retried and "died" in out.resume_reason
+    assert out.resumed_at == [3, 5] and out.to_json()["resumed_at"] == [3, 5]
     assert not svc.membership.is_up(second.decode.name)
     assert not svc.membership.is_up("prfaas-0")
 

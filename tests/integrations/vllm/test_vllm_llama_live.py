@@ -288,9 +288,10 @@ def test_decoder_killed_mid_stream_is_resumed_after_its_restart(live: dict) -> N
 
     Whether the kill lands mid-stream is a race on a loaded host: 48 tokens take the decoder
     ~0.3 s, and a run once had every token out before the kill (at the client's first token).
-    So each try asserts what happened: the kill came, the stream equals the reference
-    whether or not it was resumed; the resume itself must show in one of three tries (each
-    on a fresh prompt, after the restarted decoder is back)."""
+    So each try asserts what happened: the kill came, the stream equals the reference up to
+    the resume and the engine's greedy continuation of what was resumed after it; the resume
+    itself must show in one of three tries (each on a fresh prompt, after the restarted
+    decoder is back)."""
     dep = live["dep"]
     router = live["routers"]["all-pd"]
     n = 48
@@ -311,7 +312,16 @@ def test_decoder_killed_mid_stream_is_resumed_after_its_restart(live: dict) -> N
 
         p = stream_routed(router.url, prompt, n, on_first=kill_decoder)
         assert killed and p["decode_node"] == "pdd-0", p
-        assert p["token_ids"] == want, (p, want)  # resumed or not: the reference's tokens
+        # the tokens sent before the kill are the reference's; a resume re-prefills prompt +
+        # those tokens, so what follows is the engine's greedy continuation of that input
+        # (vLLM's prefill over the sent tokens, not its step-by-step decode of them: the two
+        # agreed bit for bit on the AVX-512 host, and flipped a near-tie 39 tokens on on an
+        # AVX2 one), checked against the single instance given the same input
+        k = p["resumed_at"][-1] if p["resumed"] else n
+        assert len(p["token_ids"]) == n and p["token_ids"][:k] == want[:k], (p, want)
+        if p["resumed"]:
+            assert p["token_ids"][k:] == reference(live, prompt + p["token_ids"][:k], n - k), \
+                (p, want)
         back_s = wait_back(dep, live["routers"]["all-prfaas"].url, "pdd-0", old)
         tries.append({"resumed": p["resumed"], "chunks": p["chunks"],
                       "reason": (p.get("resume_reason") or "")[:80], "back_s": round(back_s)})

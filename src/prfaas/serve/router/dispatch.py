@@ -71,6 +71,8 @@ class Outcome:
     retry_reason: str = ""
     resumed: int = 0  # times the request continued on another path after tokens were sent
     resume_reason: str = ""
+    # tokens already sent at each resume: what the next path re-prefilled after the prompt
+    resumed_at: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     router_s: float = 0.0  # router CPU time, waits on workers excluded
     transfers: int = 0  # prefills that shipped KV for this request (one per attempt; n > 1: 1)
@@ -88,7 +90,8 @@ class Outcome:
                 "kv_ready_unix_s": self.kv_ready_unix_s,
                 "retried": self.retried, "retry_reason": self.retry_reason,
                 "resumed": self.resumed, "resume_reason": self.resume_reason,
-                "token_ids": self.token_ids, "router_overhead_s": self.router_s}
+                "resumed_at": self.resumed_at, "token_ids": self.token_ids,
+                "router_overhead_s": self.router_s}
 
 
 class Dispatcher:
@@ -181,6 +184,7 @@ class Dispatcher:
         if emitted:
             out.resumed += 1
             out.resume_reason = f"{where}: {exc}"
+            out.resumed_at.append(emitted)
         else:
             out.retried, out.retry_reason = True, str(exc)
         if verdict.action is RetryAction.FINISHED:
