@@ -322,13 +322,22 @@ def test_fp8_on_the_wire_ends_in_the_expected_tokens_within_the_measured_error(
     assert done["error"] is None
     assert done["bytes"] == connector_kv_bytes(model, len(aligned), "fp8_e4m3")
     assert done["bytes"] < connector_kv_bytes(model, len(aligned))
+    assert first > 0.0  # fp8 did change the KV (bf16 on the wire: exactly 0 at this length)
+    live["errors"]["fp8 wire (aligned)"] = worst
+    if tolerance >= FP8_MARGIN * _measured_fp8_max():
+        # decided on the tolerance alone (no figure of this test): the single instance's own
+        # chunking noise (this CPU's) is at least the fp8 term, so the bound is mostly noise
+        # and a coarser quantizer passes it too (an AVX2 host: noise-derived tolerance 1.53,
+        # int4 control 0.17). The fp8 quality claim has no power here; the structure did hold
+        pytest.skip(f"fp8 quality untestable on this CPU: chunking tolerance {tolerance:.2e} "
+                    f">= the fp8 term {FP8_MARGIN * _measured_fp8_max():.2e} (structure, "
+                    f"bytes and a changed KV checked; aligned fp8 error {worst:.2e})")
     _, worst_other, _ = error(live, other, send=fp8)
     [control] = prompts([1300], seed=FP8_SEEDS["control"])
     coarse = error(live, control, "int4_kv", stop_above=bound)[1]
     print(f"\nfp8 on the wire: aligned first {first:.2e}, worst {worst:.2e}; 1300 tokens worst "
           f"{worst_other:.2e}; int4 control {coarse:.2e}; bound {bound:.2e}")
     live["errors"]["fp8 wire"] = max(worst, worst_other)
-    assert first > 0.0  # fp8 did change the KV (bf16 on the wire: exactly 0 at this length)
     assert max(worst, worst_other) < bound
     assert coarse > bound  # the coarser quantizer fails the same comparison
 
