@@ -245,9 +245,9 @@ def shared_core_capacity_rps(lengths: LengthDistribution, profile: Path, t: int,
     (prefill 0.89 s at 1K tokens) the "half load" filled 71% of core 0."""
     from prfaas.sim.sharing import slowdown
 
-    groups = (sharing or {}).get("sim_groups") or []
-    if not groups:
+    if not sharing or not sharing.get("sim_groups"):
         return None
+    groups, factor = sharing["sim_groups"], float(sharing["factor"])
     c = _curves(lengths, profile, t)
     per_instance = {"prfaas-p": float(c.p_long[0] * c.long_service_s[0]) / max(n_prf, 1),
                     "pd-p": float(c.p_short[0] * c.short_service_s[0]) / max(n_p, 1)}
@@ -255,7 +255,7 @@ def shared_core_capacity_rps(lengths: LengthDistribution, profile: Path, t: int,
     for group in groups:
         work = sum(per_instance[m.rstrip("0123456789")] for m in group)
         if work > 0:
-            caps.append(len(group) / slowdown(len(group), float(sharing["factor"])) / work)
+            caps.append(len(group) / slowdown(len(group), factor) / work)
     return min(caps) if caps else None
 
 
