@@ -218,6 +218,7 @@ def _rounding(live: np.ndarray, sim: np.ndarray, ok: np.ndarray) -> float:
                                   "sim_vs_live_vllm_fifo_link_run1.json",
                                   "sim_vs_live_vllm_fifo_link_run2.json",
                                   "sim_vs_live_vllm_fifo_link_run3.json",
+                                  "sim_vs_live_vllm_shared_core_capacity_check.json",
                                   "sim_vs_live_vllm_spin_run1.json",
                                   "sim_vs_live_vllm_spin_run2.json",
                                   "sim_vs_live_vllm_spin_run3.json",
