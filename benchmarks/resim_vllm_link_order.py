@@ -29,7 +29,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 RUNS = [f"sim_vs_live_vllm_idle_on_deployment_run{k}.json" for k in (1, 2, 3)] + \
-    [f"sim_vs_live_vllm_after_series_run{k}.json" for k in (1, 2)]
+    [f"sim_vs_live_vllm_after_series_run{k}.json" for k in (1, 2)] + \
+    [f"sim_vs_live_vllm_fifo_link_run{k}.json" for k in (1, 2, 3)]
 # the committed per-request figures are rounded to 1e-4 s; the simulator is deterministic,
 # so a recompute off by more than this is another simulator or another workload
 RECOMPUTE_TOL_S = 2e-3
