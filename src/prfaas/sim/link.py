@@ -60,8 +60,8 @@ class LinkSchedule:
         return self.start_s[i] if i < len(self.start_s) else None
 
 
-class SharedLink:
-    """Processor-sharing link. The caller schedules `next_finish_s()` and calls `pop_finished`."""
+class _Link:
+    """What both link orders share: the capacity B(t), the per-flow cap and the counters."""
 
     def __init__(self, schedule: LinkSchedule, flow_cap_gbps: float | None = None) -> None:
         if flow_cap_gbps is not None and not flow_cap_gbps > 0:
@@ -69,19 +69,34 @@ class SharedLink:
         self.schedule = schedule
         self.flow_cap_bps = flow_cap_gbps * BYTES_PER_GBPS if flow_cap_gbps else float("inf")
         self._capacity_bps = schedule.at(0.0) * BYTES_PER_GBPS
-        self._virtual = 0.0  # bytes each active flow has been able to send so far
         self._last_s = 0.0
-        self._flows: list[tuple[float, int]] = []  # (virtual finish, flow id)
         self.version = 0  # bumped whenever the next finish time may have moved
         self.busy_s = 0.0  # time with at least one flow
         self.bytes_sent = 0.0
 
+    def capacity_gbps(self) -> float:
+        return self._capacity_bps / BYTES_PER_GBPS
+
+    def advance(self, now_s: float) -> None:
+        raise NotImplementedError
+
+    def set_capacity(self, now_s: float, gbps: float) -> None:
+        self.advance(now_s)
+        self._capacity_bps = gbps * BYTES_PER_GBPS
+        self.version += 1
+
+
+class SharedLink(_Link):
+    """Processor-sharing link. The caller schedules `next_finish_s()` and calls `pop_finished`."""
+
+    def __init__(self, schedule: LinkSchedule, flow_cap_gbps: float | None = None) -> None:
+        super().__init__(schedule, flow_cap_gbps)
+        self._virtual = 0.0  # bytes each active flow has been able to send so far
+        self._flows: list[tuple[float, int]] = []  # (virtual finish, flow id)
+
     @property
     def active(self) -> int:
         return len(self._flows)
-
-    def capacity_gbps(self) -> float:
-        return self._capacity_bps / BYTES_PER_GBPS
 
     def flow_rate_bps(self) -> float:
         n = len(self._flows)
@@ -100,11 +115,6 @@ class SharedLink:
             self.busy_s += dt
             self.bytes_sent += rate * dt * len(self._flows)
         self._last_s = now_s
-
-    def set_capacity(self, now_s: float, gbps: float) -> None:
-        self.advance(now_s)
-        self._capacity_bps = gbps * BYTES_PER_GBPS
-        self.version += 1
 
     def start(self, now_s: float, flow_id: int, size_bytes: float) -> None:
         self.advance(now_s)
@@ -140,29 +150,18 @@ class SharedLink:
         return done
 
 
-class FifoLink:
+class FifoLink(_Link):
     """One transfer at a time in start order, at min(cap, B(t)); the same interface as
     `SharedLink`. Bytes a finished head leaves unused within an interval go to the next flow
     (work-conserving), so an event processed late loses no capacity."""
 
     def __init__(self, schedule: LinkSchedule, flow_cap_gbps: float | None = None) -> None:
-        if flow_cap_gbps is not None and not flow_cap_gbps > 0:
-            raise ConfigError("link.per_connection_gbps", flow_cap_gbps, "must be positive")
-        self.schedule = schedule
-        self.flow_cap_bps = flow_cap_gbps * BYTES_PER_GBPS if flow_cap_gbps else float("inf")
-        self._capacity_bps = schedule.at(0.0) * BYTES_PER_GBPS
-        self._last_s = 0.0
+        super().__init__(schedule, flow_cap_gbps)
         self._queue: deque[list[float]] = deque()  # [bytes left, flow id, size], start order
-        self.version = 0
-        self.busy_s = 0.0
-        self.bytes_sent = 0.0
 
     @property
     def active(self) -> int:
         return len(self._queue)
-
-    def capacity_gbps(self) -> float:
-        return self._capacity_bps / BYTES_PER_GBPS
 
     def flow_rate_bps(self) -> float:
         """The head's rate (every flow's, once it is the head)."""
@@ -186,11 +185,6 @@ class FifoLink:
             self.bytes_sent += sent
             self.busy_s += sent / rate
         self._last_s = now_s
-
-    def set_capacity(self, now_s: float, gbps: float) -> None:
-        self.advance(now_s)
-        self._capacity_bps = gbps * BYTES_PER_GBPS
-        self.version += 1
 
     def start(self, now_s: float, flow_id: int, size_bytes: float) -> None:
         self.advance(now_s)
