@@ -222,7 +222,7 @@ def planner_capacity_rps(lengths: LengthDistribution, profile: Path, t: int, n_p
     curves = _curves(lengths, profile, t)
     _, _, prf, pdp = bounds(curves, n_prf, n_p, link_gbps * 1e9 / 8)
     cap = float(min(prf[0], pdp[0]))
-    shared = shared_core_capacity_rps(lengths, profile, t, n_prf, n_p, sharing)
+    shared = _shared_core_bound(curves, n_prf, n_p, sharing)
     return cap if shared is None else min(cap, shared)
 
 
@@ -243,12 +243,17 @@ def shared_core_capacity_rps(lengths: LengthDistribution, profile: Path, t: int,
     law; 1.0 for two on one core at f = 2). None: no instances share cores. Without it two
     instances pinned to one core count as two machines: in stop 33's runs on an AVX2 host
     (prefill 0.89 s at 1K tokens) the "half load" filled 71% of core 0."""
+    return _shared_core_bound(_curves(lengths, profile, t), n_prf, n_p, sharing)
+
+
+def _shared_core_bound(c: Any, n_prf: int, n_p: int, sharing: dict[str, Any] | None
+                       ) -> float | None:
     from prfaas.sim.sharing import slowdown
 
     if not sharing or not sharing.get("sim_groups"):
         return None
     groups, factor = sharing["sim_groups"], float(sharing["factor"])
-    c = _curves(lengths, profile, t)
+    # a member's pool from its simulated id (sim/instances.py instance_id: pool + 4 digits)
     per_instance = {"prfaas-p": float(c.p_long[0] * c.long_service_s[0]) / max(n_prf, 1),
                     "pd-p": float(c.p_short[0] * c.short_service_s[0]) / max(n_p, 1)}
     caps = []

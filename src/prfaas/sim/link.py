@@ -18,6 +18,7 @@ them), where the native prefill worker interleaves concurrent transfers on its c
 from __future__ import annotations
 
 import heapq
+from abc import ABC, abstractmethod
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
@@ -60,7 +61,7 @@ class LinkSchedule:
         return self.start_s[i] if i < len(self.start_s) else None
 
 
-class _Link:
+class _Link(ABC):
     """What both link orders share: the capacity B(t), the per-flow cap and the counters."""
 
     def __init__(self, schedule: LinkSchedule, flow_cap_gbps: float | None = None) -> None:
@@ -77,8 +78,9 @@ class _Link:
     def capacity_gbps(self) -> float:
         return self._capacity_bps / BYTES_PER_GBPS
 
+    @abstractmethod
     def advance(self, now_s: float) -> None:
-        raise NotImplementedError
+        """Bring the flows' progress to `now_s` at the current rates."""
 
     def set_capacity(self, now_s: float, gbps: float) -> None:
         self.advance(now_s)
