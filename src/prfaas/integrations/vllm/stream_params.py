@@ -46,7 +46,7 @@ def install(cls: type | None = None) -> None:
     if cls is None:
         from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
         cls = OpenAIServingCompletion
-    original = cls.completion_stream_generator  # type: ignore[attr-defined]
+    original = cls.completion_stream_generator  # type: ignore[attr-defined, union-attr, unused-ignore]
     if getattr(original, _MARK, False):
         return
     signature = inspect.signature(original)
@@ -65,4 +65,4 @@ def install(cls: type | None = None) -> None:
             yield chunk
 
     setattr(stream, _MARK, True)
-    cls.completion_stream_generator = stream  # type: ignore[attr-defined]
+    cls.completion_stream_generator = stream  # type: ignore[attr-defined, union-attr, unused-ignore]
