@@ -53,6 +53,18 @@ def netns_available() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
 
+def free_index(start: int, used: set[int] | frozenset[int] = frozenset()) -> int:
+    """The first index from `start` on (1..240, wrapping) that is neither in `used` nor the
+    host end of a veth that exists now: another process's deployment on this host (a second
+    test worker, a second `prfaas serve`) may hold the index its pid led to."""
+    k = start
+    for _ in range(240):
+        if k not in used and not os.path.exists(f"/sys/class/net/pfh{k}"):
+            return k
+        k = k % 240 + 1
+    raise NetnsError("no free veth index in 1..240 (240 prfaas links exist on this host)")
+
+
 @dataclass
 class NetnsLink:
     """One shaped namespace; `create` builds it, `destroy` removes it (and the veth pair)."""
@@ -74,7 +86,7 @@ class NetnsLink:
         if not netns_available():
             raise NetnsError("link.emulation=netns needs root, `ip` and `tc` on this host")
         # a fresh index per link in this process; 249 and up are left to tests
-        k = index if index is not None else (os.getpid() + next(_SERIAL)) % 240 + 1
+        k = index if index is not None else free_index((os.getpid() + next(_SERIAL)) % 240 + 1)
         link = cls(f"{PREFIX}-{os.getpid()}-{k}", k, rate_gbps)
         try:
             link._build()

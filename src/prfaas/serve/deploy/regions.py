@@ -33,7 +33,7 @@ from pathlib import Path
 
 from prfaas.core.errors import PrfaasError
 from prfaas.serve.deploy.launcher import Deployment, DeploymentError, reap, terminate
-from prfaas.serve.deploy.netns import NetnsLink, _run, _tbf
+from prfaas.serve.deploy.netns import NetnsLink, _run, _tbf, free_index
 from prfaas.serve.gateway import GatewayConfig
 from prfaas.serve.router.backends.native import TENANT_KEY_ENV
 from prfaas.serve.topology import LinkSpec, Topology, WorkerSpec, free_port
@@ -125,9 +125,7 @@ class RegionsDeployment:
         self.links[first.name] = ns
         used = {ns.index}
         for r in self.regions[1:]:
-            index = ns.index
-            while index in used:  # the next free index in the range NetnsLink uses
-                index = index % 240 + 1
+            index = free_index(ns.index, used)  # the next free one in NetnsLink's range
             used.add(index)
             self.links[r.name] = add_veth(ns.name, index, r.rate_gbps)
 
