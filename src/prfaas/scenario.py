@@ -52,6 +52,7 @@ from prfaas.models.catalog import resolve_model
 from prfaas.models.compression import MODES as COMPRESSION_MODES
 from prfaas.models.compression import CodecSpeed, measured_speeds, planned_codec
 from prfaas.models.kv import geometry, wire_dtype_name
+from prfaas.models.kv_release import KvRelease, parse_release
 from prfaas.models.profile import DecodeTime, HardwareProfile, KVSize, PrefillTime
 from prfaas.models.profile_file import kv_from_profile, load_profile_file
 from prfaas.models.roofline import roofline_profile
@@ -98,6 +99,9 @@ class Scenario:
     wire_dtype: str | None = None  # link.wire_dtype (None: KV travels in its cache dtype)
     compression: str = "none"  # link.compression (models/compression.py)
     link_order: str = "shared"  # link.order: how concurrent transfers cross (LINK_ORDERS)
+    # link.release: when a prefill hands its KV to the link (models/kv_release.py); None: the
+    # paper's layer-by-layer streaming
+    kv_release: KvRelease | None = None
     codec_kv: str = DEFAULT_CODEC_KV  # link.codec_kv: whose measured codec figures
     reference: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -335,8 +339,8 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
                           "the PD cluster needs at least 2 instances (one prefill, one decode)")
     link = _mapping(raw.get("link"), "link")
     _check_keys(link, {"gbps", "intra_gbps", "schedule", "connections", "per_connection_gbps",
-                       "pipelined", "order", "rtt_ms", "loss", "mss_bytes", "wire_dtype",
-                       "compression", "codec_kv"}, "link")
+                       "pipelined", "order", "release", "rtt_ms", "loss", "mss_bytes",
+                       "wire_dtype", "compression", "codec_kv"}, "link")
     workload = _mapping(raw.get("workload"), "workload")
     _check_keys(workload, {"input", "output_tokens", "trace", "arrivals"}, "workload")
     planner = _mapping(raw.get("planner", {}), "planner")
@@ -355,6 +359,7 @@ def parse_scenario(raw: object, path: str = "") -> Scenario:
         t_step_tokens=int(planner.get("t_step_tokens", 100)), mode=mode, model=model,
         tcp=_tcp(link), wire_dtype=wire_dtype_name(link.get("wire_dtype")),
         compression=_compression(link), link_order=_link_order(link),
+        kv_release=parse_release(link.get("release")),
         codec_kv=str(link.get("codec_kv", DEFAULT_CODEC_KV)),
         reference=dict(raw.get("reference") or {}), raw=raw, path=path,
     )

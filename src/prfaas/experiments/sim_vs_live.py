@@ -182,9 +182,12 @@ def scenario_dict(topology: Any, profile: Path, options: Options, max_context_to
                   ) -> dict[str, Any]:
     """The deployment as a scenario (`prfaas plan --scenario` reads it): every pool on the
     measured profile, the topology's instance counts and link (its transfers in the order
-    the engine's workers send them: `EngineBackend.link_order`)."""
+    the engine's workers send them, `EngineBackend.link_order`, each released to the link as
+    they release it, `EngineBackend.kv_release`)."""
     from prfaas.serve.engines import engine_backend
 
+    backend = engine_backend(topology)
+    release = backend.kv_release()
     n = _roles(topology)
     pd = n["pd-p"] + n["pd-d"]
     hi = min(options.max_tokens, max_context_tokens - options.output_range[1] - 1)
@@ -202,7 +205,8 @@ def scenario_dict(topology: Any, profile: Path, options: Options, max_context_to
         "link": {"gbps": topology.link.rate_gbps or 100.0,
                  "intra_gbps": topology.intra_link.rate_gbps or 100.0,
                  "connections": topology.link.connections, "pipelined": True,
-                 "order": engine_backend(topology).link_order},
+                 "order": backend.link_order,
+                 **({"release": release} if release is not None else {})},
         "workload": {"input": {"dist": "lognormal", "mu": float(np.log(options.median_tokens)),
                                "sigma": options.sigma, "min_tokens": options.min_tokens,
                                "max_tokens": hi},

@@ -101,6 +101,12 @@ class EngineBackend(ABC):
         router predicts uncompressed bytes until they do). prfaas' engine: native_tiny."""
         return "native_tiny"
 
+    def kv_release(self) -> dict[str, Any] | None:
+        """When its prefill workers hand a request's KV to the link, as the simulator's
+        `link.release` (models/kv_release.py); None: each layer as its forward finishes, the
+        simulator's default (prfaas' worker streams layer by layer)."""
+        return None
+
     def plan_inputs(self) -> PlanInputs | None:
         """A controlled router's planner inputs; None: from the topology's measured profile
         (router/plan.py)."""

@@ -11,7 +11,8 @@ through `SimView`, the simulator's `ClusterView`. Prefix caches and the role reb
 A remote (PrfaaS) transfer shares the inter-cluster link (see link.py), by processor sharing or,
 with `cfg.link_order == "fifo"`, one transfer at a time in start order. Pipelined: the flow
 joins at prefill start and ends at the later of its bandwidth-limited finish and prefill end plus
-the last layer's share; otherwise it joins at prefill end. Local transfers run unshared at the
+the last layer's share (or, with `cfg.kv_release`, the bound its chunks and recurrent state set:
+models/kv_release.py); otherwise it joins at prefill end. Local transfers run unshared at the
 intra-cluster rate with the same overlap rule. TTFT ends when the whole KV (and with it the
 first token) is at the decode instance, plus the route's fixed overhead when one was measured
 (`cfg.local_overhead_s` / `remote_overhead_s`: hops and first step; it delays no one). A
@@ -418,6 +419,17 @@ class Simulator:
     def _last_layer_s(self, req: int, rate_bps: float) -> float:
         return self.log.kv_bytes[req] / self.cfg.kv_layers / rate_bps
 
+    def _sent_by_s(self, req: int, rate_bps: float) -> float:
+        """Pipelined: the earliest the whole KV of `req` (prefill over) can be across at
+        `rate_bps`, given when its pieces were released: the last layer's share after
+        prefill end, or `cfg.kv_release`'s chunks and state (models/kv_release.py)."""
+        log, release = self.log, self.cfg.kv_release
+        end = float(log.prefill_end_s[req])
+        if release is None:
+            return end + self._last_layer_s(req, rate_bps)
+        return release.ready_s(int(log.input_tokens[req]), float(log.kv_bytes[req]),
+                               float(log.prefill_start_s[req]), end, rate_bps)
+
     def _on_prefill_done(self, index: int, version: int) -> None:
         prefill = self.prefills[index]
         if version != prefill.version:
@@ -432,12 +444,12 @@ class Simulator:
                 self._start_flow(req)
             elif self._flow_done[req]:
                 rate = min(self.link.flow_cap_bps, self.link.capacity_gbps() * BYTES_PER_GBPS)
-                self._push(now + self._last_layer_s(req, rate) + self._rtt_s, KV_ARRIVE, req,
+                self._push(self._sent_by_s(req, rate) + self._rtt_s, KV_ARRIVE, req,
                            self.attempt[req])
         else:
             rate = self.cfg.intra_gbps * BYTES_PER_GBPS
             whole = log.kv_bytes[req] / rate
-            ready = max(log.prefill_start_s[req] + whole, now + self._last_layer_s(req, rate)) \
+            ready = max(log.prefill_start_s[req] + whole, self._sent_by_s(req, rate)) \
                 if self.cfg.pipelined else now + whole
             self._push(ready, KV_ARRIVE, req, self.attempt[req])
         self._start_prefill(prefill)
@@ -459,9 +471,9 @@ class Simulator:
             self._flow_done[flow] = True
             end = self.log.prefill_end_s[flow]
             if end == end:  # prefill already over (not nan): the transfer is complete
-                tail = self._last_layer_s(flow, self.link.flow_rate_bps()) \
-                    if self.cfg.pipelined else 0.0
-                self._push(max(now, end + tail) + self._rtt_s, KV_ARRIVE, flow,
+                sent = self._sent_by_s(flow, self.link.flow_rate_bps()) \
+                    if self.cfg.pipelined else end
+                self._push(max(now, sent) + self._rtt_s, KV_ARRIVE, flow,
                            self.attempt[flow])
         self._schedule_link()
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from prfaas.core.errors import ConfigError, UnknownNameError
+from prfaas.models.kv_release import KvRelease
 from prfaas.models.profile import DecodeTime, KVSize, PrefillTime
 from prfaas.models.profile_file import check_core_share_factor
 from prfaas.scenario import LINK_ORDERS, Scenario
@@ -72,6 +73,10 @@ class SystemConfig:
     # the order transfers cross the inter-cluster link in (sim/link.py): "shared" (processor
     # sharing: the native worker interleaves them) or "fifo" (one at a time: the vLLM connector)
     link_order: str = "shared"
+    # when a prefill hands its KV to the link (models/kv_release.py: chunks and recurrent
+    # state, the vLLM connector's way); None: layer by layer, the last layer's share left at
+    # prefill end
+    kv_release: KvRelease | None = None
 
     def describe(self) -> dict[str, Any]:
         """The resolved configuration, written beside results."""
@@ -90,6 +95,7 @@ class SystemConfig:
                 **({"core_groups": [list(g) for g in self.core_groups],
                     "core_share_factor": self.core_share_factor} if self.core_groups else {}),
                 **({"link_order": self.link_order} if self.link_order != "shared" else {}),
+                **({"kv_release": self.kv_release.describe()} if self.kv_release else {}),
                 "pipelined": self.pipelined, "kv_layers": self.kv_layers,
                 "prefill_order": self.prefill_order}
 
@@ -134,7 +140,7 @@ def build_system(s: Scenario, system: str, *, threshold_tokens: int | None = Non
         cache_kv=s.kv if s.wire_kv is not s.kv else None,
         flow_cap_gbps=s.flow_cap_gbps, rtt_s=s.tcp.rtt_s, intra_gbps=s.intra_gbps,
         pipelined=bool(link_raw.get("pipelined", True)), kv_layers=layers,
-        link_order=s.link_order)
+        link_order=s.link_order, kv_release=s.kv_release)
     pool = s.pd.instances if system == "prfaas_pd" else s.homogeneous.instances
     if n_p is not None and n_d is None:
         n_d = pool - n_p  # one flag moves the split; the pool size stays

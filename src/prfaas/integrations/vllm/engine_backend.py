@@ -16,6 +16,7 @@ from prfaas.integrations.vllm.params import WIRE_DTYPES
 from prfaas.integrations.vllm.served_model import ServedModel
 from prfaas.models.card import ModelCard
 from prfaas.models.kv import KVGeometry, geometry
+from prfaas.models.kv_release import save_points_of
 from prfaas.serve.engines import EngineBackend
 
 if TYPE_CHECKING:
@@ -61,6 +62,16 @@ class VllmEngineBackend(EngineBackend):
 
     def tokenizer(self) -> Any:
         return self._model()[0].tokenizer()
+
+    def kv_release(self) -> dict[str, Any]:
+        """vLLM prefills `max_num_batched_tokens` per step; PrfaasConnector saves a step's KV
+        of each attention layer as that layer runs, and the GDN/Mamba conv and recurrent
+        states after the prompt's last step (worker_half.py). Needs the model's config.json."""
+        model, geo = self._model()
+        wire = geo.on_wire(self.topology.link.wire_dtype)
+        return {"chunk_tokens": int(settings(self.topology).max_num_batched_tokens),
+                "state_bytes": float(wire.state_bytes),
+                "save_points": [list(p) for p in save_points_of(model.layer_types())]}
 
     def worker_protocol_args(self) -> dict[str, Any]:
         model, geo = self._model()

@@ -88,9 +88,15 @@ class ServedModel:
     def tokenizer(self) -> HFTokenizer:
         return HFTokenizer(self.model_dir)
 
+    def layer_types(self) -> list[str]:
+        """Each layer's kind in forward order (config.json `layer_types`; a model without it
+        is all full attention)."""
+        c = _config(self.model_dir)
+        return list(c.get("layer_types") or ["full_attention"] * int(c["num_hidden_layers"]))
+
     def to_spec(self) -> ModelSpec:
         c = _config(self.model_dir)
-        types = c.get("layer_types") or ["full_attention"] * int(c["num_hidden_layers"])
+        types = self.layer_types()
         head = int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
         groups = [LayerGroup("gqa", types.count("full_attention"),
                              kv_heads=int(c["num_key_value_heads"]), k_head_dim=head,
