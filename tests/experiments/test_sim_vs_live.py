@@ -46,6 +46,15 @@ def hybrid(tmp_path: Path) -> ServedModel:
                        ("--enforce-eager", "--mamba-ssm-cache-dtype", "float32"))
 
 
+def _vllm_local(model: ServedModel) -> object:
+    """topologies/vllm-local.yaml with its model at `model`'s directory: the scenario reads
+    the model's config.json (layers, state size); a fresh clone has not built the topology's
+    own model when these tests run."""
+    topo = load_topology(ROOT / "topologies" / "vllm-local.yaml")
+    assert topo.vllm is not None
+    return replace(topo, vllm=replace(topo.vllm, model_dir=model.model_dir))
+
+
 def _vllm_profile(model: ServedModel, scale: float = 1.0) -> VllmProfile:
     lengths = (256, 512, 1024, 2048, 3072)
     # a quadratic T(l) like the CPU build's (~1 ms/token plus a fixed cost)
@@ -90,8 +99,7 @@ def test_vllm_profile_round_trips_and_plan_accepts_it(hybrid: ServedModel, tmp_p
     assert float(hw.kv.size_bytes(1025)) == pytest.approx(connector_kv_bytes(hybrid, 1025),
                                                           rel=0.15)  # linear fit of a staircase
     assert hw.decode.bs_max == 8
-    topo = load_topology(ROOT / "topologies" / "vllm-local.yaml")
-    raw = svl.scenario_dict(topo, path, svl.QUICK, 4096)
+    raw = svl.scenario_dict(_vllm_local(hybrid), path, svl.QUICK, 4096)
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(yaml.safe_dump(raw))
     main(["plan", "--scenario", str(scenario), "--json"])  # a bad scenario exits 2
@@ -441,7 +449,8 @@ def test_shared_cores_slow_only_overlapping_prefills_in_sim_vs_live() -> None:
     assert np.all(slower >= -1e-9) and np.any(slower > 1e-3)  # overlaps cost (here none gains)
 
 
-def test_the_simulated_link_sends_in_the_order_the_engines_sender_does() -> None:
+def test_the_simulated_link_sends_in_the_order_the_engines_sender_does(
+        hybrid: ServedModel) -> None:
     """vLLM's connector queues one destination's layers in order (fifo); the native worker
     interleaves transfers (shared). The scenario sim-vs-live builds says which, and the
     simulator it builds uses it."""
@@ -451,14 +460,21 @@ def test_the_simulated_link_sends_in_the_order_the_engines_sender_does() -> None
     from prfaas.sim.system import build_system
 
     profile = profile_path("cpu-tiny").resolve()
-    for topo, order, link_type in (
-            (load_topology(ROOT / "topologies" / "vllm-local.yaml"), "fifo", FifoLink),
-            (load_topology(), "shared", SharedLink)):
+    for topo, order, link_type, released in (
+            (_vllm_local(hybrid), "fifo", FifoLink, True),
+            (load_topology(), "shared", SharedLink, False)):
         raw = svl.scenario_dict(topo, profile, svl.QUICK, 4096)
         assert raw["link"]["order"] == order
         cfg = build_system(parse_scenario(raw), "prfaas_pd", threshold_tokens=1024)
         w = svl.workloads(svl.QUICK, svl.lengths_for(svl.QUICK, 4096), 1.0)[0]
         assert isinstance(Simulator(cfg, w).link, link_type)
+        # vLLM's connector: 1024-token steps, the one attention layer of four at 7/8 of a
+        # step's forward, the GDN states after the last step; the native worker: per layer
+        assert (cfg.kv_release is not None) == released
+        if cfg.kv_release is not None:
+            assert cfg.kv_release.chunk_tokens == 1024
+            assert [list(p) for p in cfg.kv_release.save_points] == [[0.875, 1.0]]
+            assert cfg.kv_release.state_bytes > 0
 
 
 def test_a_shared_core_bounds_the_capacity_the_loads_are_fractions_of() -> None:
