@@ -59,12 +59,8 @@ def resimulate(path: Path, topology: Any, release: dict[str, Any]) -> dict[str, 
     from prfaas.experiments import sim_vs_live as svl
 
     r = json.loads(path.read_text())
-    o = r["options"]
-    options = svl.Options(**{**o, "load_fractions": tuple(o["load_fractions"]),
-                             "output_range": tuple(o["output_range"])})
     max_context = int(topology.vllm.max_model_len)
-    loads = svl.workloads(options, svl.lengths_for(options, max_context),
-                          r["planner_capacity_rps"])
+    options, loads = svl.replay_workloads(r, max_context)
     layers = int(r["sim_config"]["kv_layers"])
     sharing = r["core_sharing"]
     idle_live = [{k: v for k, v in p.items() if k != "sim_ttft_s"} for p in r["idle_points"]]
@@ -87,8 +83,6 @@ def resimulate(path: Path, topology: Any, release: dict[str, Any]) -> dict[str, 
         out = []
         for w, entry in zip(loads, r["loads"], strict=True):
             pr = entry["per_request"]
-            if [int(x) for x in w.input_tokens] != pr["input_tokens"]:
-                raise SystemExit(f"{path.name}: the rebuilt workload is not the run's")
             live, remote = _arr(pr["ttft_live_s"]), np.array(pr["remote_live"], dtype=bool)
             check, _ = svl.simulate_side(topology, variants["as_run"], w, layers,
                                          r["route_overhead_s"], sharing)

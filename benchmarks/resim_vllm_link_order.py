@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resim_vllm_kv_release import _arr, _mape
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -36,37 +40,23 @@ RUNS = [f"sim_vs_live_vllm_idle_on_deployment_run{k}.json" for k in (1, 2, 3)] +
 RECOMPUTE_TOL_S = 2e-3
 
 
-def _arr(values: list[Any]) -> np.ndarray:
-    return np.array([np.nan if v is None else v for v in values], dtype=float)
-
-
-def _mape(sim: np.ndarray, live: np.ndarray, keep: np.ndarray) -> float | None:
-    ok = keep & np.isfinite(sim) & np.isfinite(live) & (live > 0)
-    return round(float(np.mean(np.abs(sim[ok] - live[ok]) / live[ok])), 4) if ok.any() \
-        else None
-
-
 def resimulate(path: Path, topology: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from prfaas.experiments import sim_vs_live as svl
 
     r = json.loads(path.read_text())
-    o = r["options"]
-    options = svl.Options(**{**o, "load_fractions": tuple(o["load_fractions"]),
-                             "output_range": tuple(o["output_range"])})
     max_context = int(topology.vllm.max_model_len)
-    loads = svl.workloads(options, svl.lengths_for(options, max_context),
-                          r["planner_capacity_rps"])
+    options, loads = svl.replay_workloads(r, max_context)
     used = r["sim_config"].get("link_order", "shared")
     with tempfile.TemporaryDirectory() as tmp:
         profile = Path(tmp) / "profile.yaml"
         profile.write_text(yaml.safe_dump({k: v for k, v in r["profile"].items()
                                            if k != "path"}))
         raw = svl.scenario_dict(topology, profile, options, max_context)
+        # these runs predate the release model (stop 34): re-simulate them as they ran
+        raw["link"].pop("release", None)
         out, local = [], []
         for w, entry in zip(loads, r["loads"], strict=True):
             pr = entry["per_request"]
-            if [int(x) for x in w.input_tokens] != pr["input_tokens"]:
-                raise SystemExit(f"{path.name}: the rebuilt workload is not the run's")
             live, remote = _arr(pr["ttft_live_s"]), np.array(pr["remote_live"], dtype=bool)
             row: dict[str, Any] = {"offered_rps": entry["offered_rps"],
                                    "committed_ttft_mape": entry["ttft_mape"]}

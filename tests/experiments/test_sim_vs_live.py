@@ -500,3 +500,17 @@ def test_a_shared_core_bounds_the_capacity_the_loads_are_fractions_of() -> None:
     # nothing shared: no bound, the planner's figure unchanged
     assert svl.shared_core_capacity_rps(lengths, profile, 1024, 1, 1, {"sim_groups": []}) \
         is None
+
+
+def test_a_committed_run_replays_its_own_workloads_and_refuses_another() -> None:
+    """The re-simulation scripts rebuild a run's workloads from its JSON (same seed, lengths,
+    arrivals); a run whose recorded lengths differ (here one edited) is refused."""
+    doc = json.loads((RESULTS / "sim_vs_live_vllm_release_run1.json").read_text())
+    options, loads = svl.replay_workloads(doc, 4096)
+    assert options.load_fractions == tuple(doc["options"]["load_fractions"])
+    for w, entry in zip(loads, doc["loads"], strict=True):
+        assert [int(x) for x in w.input_tokens] == entry["per_request"]["input_tokens"]
+        assert w.input_tokens.size == entry["requests"]
+    doc["loads"][1]["per_request"]["input_tokens"][3] += 1
+    with pytest.raises(ConfigError, match="not the run's"):
+        svl.replay_workloads(doc, 4096)

@@ -282,6 +282,23 @@ def workloads(options: Options, lengths: LengthDistribution, capacity_rps: float
             for f in options.load_fractions]
 
 
+def replay_workloads(result: dict[str, Any], max_context_tokens: int
+                     ) -> tuple[Options, list[Workload]]:
+    """A committed run's options and workloads rebuilt from its `sim_vs_live.json` (the same
+    seed, lengths and arrivals), for re-simulating it; each workload is checked against the
+    run's own per-request input lengths."""
+    o = result["options"]
+    options = Options(**{**o, "load_fractions": tuple(o["load_fractions"]),
+                         "output_range": tuple(o["output_range"])})
+    loads = workloads(options, lengths_for(options, max_context_tokens),
+                      result["planner_capacity_rps"])
+    for w, entry in zip(loads, result["loads"], strict=True):
+        if [int(x) for x in w.input_tokens] != entry["per_request"]["input_tokens"]:
+            raise ConfigError("sim_vs_live.json", entry["offered_rps"],
+                              "the rebuilt workload's lengths are not the run's")
+    return options, loads
+
+
 def threshold_of(topology: Any) -> int:
     t = topology.policy_args.get("threshold_tokens")
     if t is None:
