@@ -19,24 +19,13 @@ from prfaas.bench.loadgen import run_load
 from prfaas.bench.workload import BenchRequest
 from prfaas.serve.deploy.faults import Fault, FaultRunner, summarize
 from prfaas.serve.deploy.launcher import Deployment
-from prfaas.serve.deploy.netns import NetnsError, NetnsLink, namespaces, netns_available
+from prfaas.serve.deploy.netns import namespaces, netns_creatable
 
 pytestmark = pytest.mark.timeout(600)
 RATE_GBPS = 0.05
 MAX_TOKENS = 6
 
-
-def _can_create() -> bool:
-    if not netns_available():
-        return False
-    try:
-        NetnsLink.create(RATE_GBPS, index=248).destroy()
-    except NetnsError:
-        return False
-    return True
-
-
-needs_netns = pytest.mark.skipif(not _can_create(),
+needs_netns = pytest.mark.skipif(not netns_creatable(),
                                  reason="cannot create a network namespace here (needs root)")
 
 

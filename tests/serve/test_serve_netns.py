@@ -4,6 +4,9 @@ skipped where a namespace cannot be created, e.g. without root)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -11,22 +14,11 @@ from serve_helpers import complete, topology
 
 from prfaas.engine import Engine, EngineConfig
 from prfaas.serve.deploy.launcher import Deployment
-from prfaas.serve.deploy.netns import NetnsError, NetnsLink, namespaces, netns_available
+from prfaas.serve.deploy.netns import NetnsError, NetnsLink, namespaces, netns_creatable
 
 RATE_GBPS = 0.02  # 20 Mbit/s: a ~1.3 MB KV takes ~0.5 s, far above loopback noise
 
-
-def _can_create() -> bool:
-    if not netns_available():
-        return False
-    try:
-        NetnsLink.create(RATE_GBPS, index=249).destroy()
-    except NetnsError:
-        return False
-    return True
-
-
-needs_netns = pytest.mark.skipif(not _can_create(),
+needs_netns = pytest.mark.skipif(not netns_creatable(),
                                  reason="cannot create a network namespace here (needs root)")
 
 
@@ -60,3 +52,57 @@ def test_netns_needs_a_rate() -> None:
         topology(link={"rate_gbps": None, "emulation": "netns"})
     with pytest.raises(ConfigError, match=r"link\.emulation"):
         topology(link={"rate_gbps": 1.0, "emulation": "carrier-pigeon"})
+
+
+@needs_netns
+def test_a_taken_index_fails_without_removing_its_owners_link() -> None:
+    """Asking for an index another link holds fails, and leaves that link's veth pair in
+    place (the probe used to delete it while cleaning up after itself). Negative control:
+    the owner's own destroy does remove it."""
+    owner = NetnsLink.create(RATE_GBPS)
+    try:
+        with pytest.raises(NetnsError, match="File exists"):
+            NetnsLink.create(RATE_GBPS, index=owner.index)
+        assert os.path.exists(f"/sys/class/net/pfh{owner.index}")
+        assert owner.name in namespaces()
+    finally:
+        owner.destroy()
+    assert not os.path.exists(f"/sys/class/net/pfh{owner.index}")
+
+
+@needs_netns
+def test_an_index_taken_between_check_and_create_moves_on_to_the_next(monkeypatch) -> None:
+    """The race two test workers ran into: the free index another process takes before this
+    one's `ip link add` makes create try the next one, not fail."""
+    from prfaas.serve.deploy import netns
+
+    held = NetnsLink.create(RATE_GBPS)
+    real = netns.free_index
+    calls: list[int] = []
+
+    def stale(start: int, used: set[int] | frozenset[int] = frozenset()) -> int:
+        calls.append(start)  # the first answer is the index `held` has (a stale check)
+        return held.index if len(calls) == 1 else real(start, used)
+
+    monkeypatch.setattr(netns, "free_index", stale)
+    try:
+        link = NetnsLink.create(RATE_GBPS)
+        try:
+            assert link.index != held.index and len(calls) == 2
+            assert os.path.exists(f"/sys/class/net/pfh{held.index}")
+        finally:
+            link.destroy()
+    finally:
+        held.destroy()
+
+
+@needs_netns
+def test_probes_from_two_processes_at_once_both_succeed() -> None:
+    """Two test workers collecting the netns tests at once both probe: each must see a
+    namespace it can create (with a fixed probe index both failed, skipping the tests)."""
+    code = ("from prfaas.serve.deploy.netns import netns_creatable as c; "
+            "print(all(c() for _ in range(5)))")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert outs == ["True", "True"]

@@ -58,25 +58,9 @@ from vllm_live import (  # noqa: E402
 from prfaas.integrations.vllm.kv_security import FAULT_ENV  # noqa: E402
 from prfaas.security.certs import ROUTER, Authority, Member, init_certs  # noqa: E402
 from prfaas.security.spec import SecuritySpec  # noqa: E402
-from prfaas.serve.deploy.netns import (  # noqa: E402
-    NetnsError,
-    NetnsLink,
-    namespaces,
-    netns_available,
-)
+from prfaas.serve.deploy.netns import namespaces, netns_creatable  # noqa: E402
 
-
-def _can_make_netns() -> bool:
-    if not netns_available():
-        return False
-    try:
-        NetnsLink.create(0.01, index=248).destroy()
-    except NetnsError:
-        return False
-    return True
-
-
-NETNS = _can_make_netns()
+NETNS = netns_creatable()
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import itertools
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prfaas.core.errors import PrfaasError
 
@@ -33,6 +33,13 @@ _SERIAL = itertools.count()
 
 class NetnsError(PrfaasError):
     """A namespace, veth or qdisc could not be set up (the command and its stderr)."""
+
+
+class _VethTaken(NetnsError):
+    """The namespace or veth pair of an index is already there: another link holds it."""
+
+
+_CREATE_TRIES = 8
 
 
 def _run(*cmd: str) -> None:
@@ -51,6 +58,19 @@ def _tbf(rate_gbps: float) -> list[str]:
 def netns_available() -> bool:
     """Root, iproute2 and tc present (creating a namespace is the real test; see create)."""
     return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+
+
+def netns_creatable() -> bool:
+    """Whether a shaped namespace can really be made here (root and tools are not always
+    enough: a container may refuse `ip netns add`); builds one at a free index and removes
+    it, so two processes asking at once (test workers collecting) do not collide."""
+    if not netns_available():
+        return False
+    try:
+        NetnsLink.create(0.01).destroy()
+    except NetnsError:
+        return False
+    return True
 
 
 def free_index(start: int, used: set[int] | frozenset[int] = frozenset()) -> int:
@@ -72,6 +92,9 @@ class NetnsLink:
     name: str
     index: int
     rate_gbps: float
+    # what this link made and so may remove (create sets them as each step succeeds)
+    _owns_ns: bool = field(default=True, repr=False)
+    _owns_veth: bool = field(default=True, repr=False)
 
     @property
     def host_ip(self) -> str:
@@ -83,22 +106,47 @@ class NetnsLink:
 
     @classmethod
     def create(cls, rate_gbps: float, index: int | None = None) -> NetnsLink:
+        """A shaped namespace at veth `index`, or (None) at a free one. Another process may
+        take the free index between the check and `ip link add` (two test workers starting
+        links at once): with no index given the next free one is tried, a few times."""
         if not netns_available():
             raise NetnsError("link.emulation=netns needs root, `ip` and `tc` on this host")
+        if index is not None:
+            return cls._create_at(rate_gbps, index)
         # a fresh index per link in this process; 249 and up are left to tests
-        k = index if index is not None else free_index((os.getpid() + next(_SERIAL)) % 240 + 1)
-        link = cls(f"{PREFIX}-{os.getpid()}-{k}", k, rate_gbps)
+        start = (os.getpid() + next(_SERIAL)) % 240 + 1
+        taken: set[int] = set()
+        for _ in range(_CREATE_TRIES):
+            k = free_index(start, taken)
+            try:
+                return cls._create_at(rate_gbps, k)
+            except _VethTaken:
+                taken.add(k)
+                start = k % 240 + 1
+        raise NetnsError(f"no veth index could be taken after {_CREATE_TRIES} tries "
+                         f"(other processes took {sorted(taken)} first)")
+
+    @classmethod
+    def _create_at(cls, rate_gbps: float, k: int) -> NetnsLink:
+        link = cls(f"{PREFIX}-{os.getpid()}-{k}", k, rate_gbps, _owns_ns=False, _owns_veth=False)
         try:
             link._build()
-        except BaseException:
+        except BaseException:  # remove what this call made, never another link's pieces
             link.destroy()
             raise
         return link
 
     def _build(self) -> None:
         host_if, ns_if = f"pfh{self.index}", f"pfn{self.index}"
-        _run("ip", "netns", "add", self.name)
-        _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        try:
+            _run("ip", "netns", "add", self.name)
+            self._owns_ns = True
+            _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+            self._owns_veth = True
+        except NetnsError as e:
+            if "File exists" in str(e):
+                raise _VethTaken(str(e)) from e
+            raise
         _run("ip", "link", "set", ns_if, "netns", self.name)
         _run("ip", "addr", "add", f"{self.host_ip}/30", "dev", host_if)
         _run("ip", "link", "set", host_if, "up")
@@ -147,11 +195,14 @@ class NetnsLink:
         return ["ip", "netns", "exec", self.name, *cmd]
 
     def destroy(self) -> None:
-        """Remove the namespace (its veth end goes with it, and the host end with the pair)."""
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=20,
-                       check=False)
-        subprocess.run(["ip", "link", "del", f"pfh{self.index}"], capture_output=True,
-                       timeout=20, check=False)
+        """Remove the namespace (its veth end goes with it, and the host end with the pair);
+        a namespace or veth pair this link failed to create belongs to someone else and stays."""
+        if self._owns_ns:
+            subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=20,
+                           check=False)
+        if self._owns_veth:
+            subprocess.run(["ip", "link", "del", f"pfh{self.index}"], capture_output=True,
+                           timeout=20, check=False)
 
 
 def namespaces() -> list[str]:
