@@ -51,11 +51,12 @@ typecheck: $(STAMP)
 
 # Everything but vLLM on two workers (tests/conftest.py says how they share the suite), then
 # the vLLM tests alone: their instances are pinned to the host's cores and time out beside a
-# second worker. The slowest tests are listed so a slower CI is explained by its own log.
+# second worker. The slowest tests and every skip (with its reason) are listed, so a slower
+# or thinner CI is explained by its own log.
 VLLM_TESTS := tests/integrations/vllm
 unit: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --durations=25 --ignore=$(VLLM_TESTS)
-	$(BIN)/python -m pytest --durations=15 $(VLLM_TESTS)
+	$(BIN)/python -m pytest -n 2 -rs --durations=25 --ignore=$(VLLM_TESTS)
+	$(BIN)/python -m pytest -rs --durations=15 $(VLLM_TESTS)
 
 # The numeric suites again with numpy's wide SIMD dispatch off, so a result that holds only on
 # one CPU's last bits fails on every machine: numpy picks exp/log/... kernels at run time
