@@ -56,15 +56,23 @@ def test_netns_needs_a_rate() -> None:
 
 @needs_netns
 def test_a_taken_index_fails_without_removing_its_owners_link() -> None:
-    """Asking for an index another link holds fails, and leaves that link's veth pair in
-    place (the probe used to delete it while cleaning up after itself). Negative control:
-    the owner's own destroy does remove it."""
+    """Another process asking for the index this one's link holds fails (its `ip link add`
+    finds the veth pair), and leaves the pair and the namespace in place: the probe used to
+    delete them while cleaning up after itself. The same in this process (its namespace name
+    is the one taken). Negative control: the owner's own destroy does remove them."""
     owner = NetnsLink.create(RATE_GBPS)
     try:
+        code = ("from prfaas.serve.deploy.netns import NetnsLink, NetnsError\n"
+                f"try: NetnsLink.create({RATE_GBPS}, index={owner.index})\n"
+                "except NetnsError as e: print('refused:', e)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120).stdout
+        assert out.startswith("refused:") and "ip link add" in out and "File exists" in out, out
         with pytest.raises(NetnsError, match="File exists"):
             NetnsLink.create(RATE_GBPS, index=owner.index)
         assert os.path.exists(f"/sys/class/net/pfh{owner.index}")
         assert owner.name in namespaces()
+        assert [n for n in namespaces() if n.endswith(f"-{owner.index}")] == [owner.name]
     finally:
         owner.destroy()
     assert not os.path.exists(f"/sys/class/net/pfh{owner.index}")

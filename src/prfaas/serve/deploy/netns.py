@@ -35,7 +35,7 @@ class NetnsError(PrfaasError):
     """A namespace, veth or qdisc could not be set up (the command and its stderr)."""
 
 
-class _VethTaken(NetnsError):
+class _IndexTaken(NetnsError):
     """The namespace or veth pair of an index is already there: another link holds it."""
 
 
@@ -113,14 +113,14 @@ class NetnsLink:
             raise NetnsError("link.emulation=netns needs root, `ip` and `tc` on this host")
         if index is not None:
             return cls._create_at(rate_gbps, index)
-        # a fresh index per link in this process; 249 and up are left to tests
+        # a fresh index per link in this process, starting from its pid (two processes apart)
         start = (os.getpid() + next(_SERIAL)) % 240 + 1
         taken: set[int] = set()
         for _ in range(_CREATE_TRIES):
             k = free_index(start, taken)
             try:
                 return cls._create_at(rate_gbps, k)
-            except _VethTaken:
+            except _IndexTaken:
                 taken.add(k)
                 start = k % 240 + 1
         raise NetnsError(f"no veth index could be taken after {_CREATE_TRIES} tries "
@@ -145,7 +145,7 @@ class NetnsLink:
             self._owns_veth = True
         except NetnsError as e:
             if "File exists" in str(e):
-                raise _VethTaken(str(e)) from e
+                raise _IndexTaken(str(e)) from e
             raise
         _run("ip", "link", "set", ns_if, "netns", self.name)
         _run("ip", "addr", "add", f"{self.host_ip}/30", "dev", host_if)
