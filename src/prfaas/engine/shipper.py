@@ -96,6 +96,27 @@ class Ticket:
             assert self._ready is not None
             return self._ready
 
+    def discard(self) -> None:
+        """Give the ticket's ring slot back unread (its request failed or was cancelled): waits
+        for the copy into the slot to land first, so no later slot gets its bytes. Sender's
+        thread; idempotent; never raises."""
+        with self._lock:
+            if self._ready is not None or self._error is not None:
+                return
+            self._error = "discarded"
+            job, owner, slot = self._job, self._owner, self._slot
+            self._slot = None
+            if job is None or owner is None:
+                return
+            job.staged = None
+            if slot is not None and owner.ring is not None:
+                try:
+                    if job.host_done is not None:
+                        job.host_done.synchronize()
+                except Exception:  # the copy failed: nothing lands in the slot any more
+                    pass
+                owner.ring.release(slot)
+
     def _resolve(self) -> None:
         job, owner = self._job, self._owner
         assert job is not None and owner is not None and self._like is not None
