@@ -110,7 +110,7 @@ def snapshot_arrays(kv: SequenceKV, boundary: int) -> list[tuple[int, str, np.nd
         if layer is None:
             continue
         for name, t in sorted(layer.tensors.items()):
-            out.append((i, f"snap.{name}", t.detach().cpu().contiguous().numpy()))
+            out.append((i, f"snap.{name}", t.detach().cpu().float().contiguous().numpy()))
     return out
 
 
