@@ -73,6 +73,8 @@ class Sizes:
     live_lengths: tuple[int, ...]
     threshold_tokens: int  # every live length is above it: all go to the PrfaaS worker
     rate_gbps: float
+    # None: the KV crosses as float32, what the profile's S_kv counts, so the simulator's
+    # transfer times are of the bytes that cross (a bf16 wire would halve them live only)
     wire_dtype: str | None
     ring_mib: int
 
@@ -81,9 +83,9 @@ K = 1024
 SIZES = {
     ("cuda", False): Sizes("kimi-linear", (8 * K, 32 * K, 128 * K), 3,
                            tuple(K << i for i in range(8)), (1, 8, 32), 4 * K, 8,
-                           (8 * K, 32 * K, 64 * K), 2 * K, 10.0, "bf16", 512),
+                           (8 * K, 32 * K, 64 * K), 2 * K, 10.0, None, 512),
     ("cuda", True): Sizes("kimi-linear", (8 * K, 32 * K), 2, (K, 4 * K, 16 * K, 32 * K),
-                          (1, 8), 2 * K, 4, (8 * K, 32 * K), 2 * K, 10.0, "bf16", 512),
+                          (1, 8), 2 * K, 4, (8 * K, 32 * K), 2 * K, 10.0, None, 512),
     ("cpu", False): Sizes("tiny", (1 * K, 2 * K, 4 * K), 3, (256, 512, K, 2 * K, 4 * K),
                           (1, 8), 512, 4, (K, 2 * K, 4 * K), 512, 0.5, None, 64),
     ("cpu", True): Sizes("tiny", (128, 256), 1, (64, 128, 256), (1, 4), 128, 2,
@@ -340,11 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     config = make_config(sizes.preset, args.device)
-    longest = max(sizes.layer_tokens + sizes.profile_lengths + sizes.live_lengths)
-    if config.max_context_tokens <= longest:
-        config = replace(config, max_context_tokens=-(-(longest + OUTPUT_TOKENS + 1)
-                                                      // config.block_size_tokens)
-                         * config.block_size_tokens)
+    need = max(*sizes.layer_tokens, *sizes.profile_lengths,
+               *(n + OUTPUT_TOKENS + 1 for n in sizes.live_lengths),
+               sizes.context_tokens + 2 * sizes.decode_steps + 2)
+    if config.max_context_tokens < need:  # (a preset with a shorter context: grown to fit)
+        block = config.block_size_tokens
+        config = replace(config, max_context_tokens=-(-need // block) * block)
     log(f"engine {sizes.preset} on {args.device} ({config.name}, {config.num_layers} layers)")
     engine = Engine(config)
     ops = device_ops(args.device)

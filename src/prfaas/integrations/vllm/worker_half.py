@@ -314,8 +314,10 @@ class WorkerHalf:
                 self._ship_state(job, name, g, slot)
             for staged in self._held.pop(job.transfer_id, []):  # send-after-prefill baseline
                 self.send.submit(job.dest, staged, job.rate_gbps)
-            self.send.submit(job.dest, Finish(job.transfer_id, functools.partial(
-                self._manifest, job, fault)), job.rate_gbps)
+            # the ledger is filled beside the sender; the manifest is encoded there after it
+            ledger = self._ledgers.pop(job.transfer_id, sec.Ledger())
+            manifest = functools.partial(self._manifest, job, fault, ledger)
+            self.send.submit(job.dest, Finish(job.transfer_id, manifest), job.rate_gbps)
             self._meta_sent.discard(job.transfer_id)
             self._sent_bytes[job.req_id] = self._queued_bytes.pop(job.transfer_id, 0)
             self.shipper.end_request(job.transfer_id)
@@ -348,9 +350,8 @@ class WorkerHalf:
             make = functools.partial(_plain_items, ticket, job.transfer_id, layer, f"s{k}")
             self._submit(job, make, ticket.nbytes, ticket.discard)
 
-    def _manifest(self, job: SaveJob, fault: str | None) -> bytes:
-        """Beside the sender, after every tensor of the transfer was digested."""
-        ledger = self._ledgers.pop(job.transfer_id, sec.Ledger())
+    def _manifest(self, job: SaveJob, fault: str | None, ledger: sec.Ledger) -> bytes:
+        """Beside the sender, after every tensor of the transfer was digested into `ledger`."""
         nonce = self._last_nonce if fault == "replay" else job.nonce
         self._last_nonce = job.nonce
         model = sec.other_model(self.model_id) if fault == "foreign_model" else None
