@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import os
 import platform
@@ -265,6 +266,7 @@ def topology_raw(sizes: Sizes, preset: str, device: str, max_len: int) -> dict[s
     link: dict[str, Any] = {"rate_gbps": sizes.rate_gbps, "connections": 4}
     if sizes.wire_dtype is not None:  # a bf16 engine's KV at 2 bytes a value, exactly
         link["wire_dtype"] = sizes.wire_dtype
+    gpu = {"gpus": 0} if device != "cpu" else {}  # every worker on the one GPU
     return {
         "name": "gpu-layerwise", "model": model,
         "policy": {"name": "prfaas-threshold", "threshold_tokens": sizes.threshold_tokens},
@@ -272,8 +274,9 @@ def topology_raw(sizes: Sizes, preset: str, device: str, max_len: int) -> dict[s
         "intra_link": {"rate_gbps": None, "connections": 1},
         "timeouts": {"connect_s": 10, "prefill_s": 600, "kv_s": 600, "token_s": 600},
         "cache": {"capacity_mb": 64},
-        "workers": [{"name": "prfaas-0", "role": "prfaas"}, {"name": "pdp-0", "role": "pd-p"},
-                    {"name": "pdd-0", "role": "pd-d", "max_batch": 8}],
+        "workers": [{"name": "prfaas-0", "role": "prfaas", **gpu},
+                    {"name": "pdp-0", "role": "pd-p", **gpu},
+                    {"name": "pdd-0", "role": "pd-d", "max_batch": 8, **gpu}],
     }
 
 
@@ -349,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
         block = config.block_size_tokens
         config = replace(config, max_context_tokens=-(-need // block) * block)
     log(f"engine {sizes.preset} on {args.device} ({config.name}, {config.num_layers} layers)")
-    engine = Engine(config)
+    # (no weight digest: that is a worker's manifest identity; 3.7B weights take seconds)
+    engine = (Engine(config, digest_weights=False)
+              if "digest_weights" in inspect.signature(Engine).parameters else Engine(config))
     ops = device_ops(args.device)
     sync = compute_sync(args.device)
     device_name = (torch.cuda.get_device_name() if args.device == "cuda"
