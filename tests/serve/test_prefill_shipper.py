@@ -11,6 +11,7 @@ ring slots are all given back.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -117,3 +118,40 @@ def test_a_failed_device_copy_fails_the_prefill_and_no_whole_transfer_arrives(
         assert worker.shipper.ring is not None and worker.shipper.ring.used_bytes == 0
     finally:
         device.stop()
+
+
+def test_the_prefill_computes_while_the_device_holds_every_copy(engine: Engine) -> None:
+    """The device runs none of the shipper's copies until the engine has finished: the
+    prefill's `computed` progress line still arrives (the model thread waited on nothing),
+    and once the device runs the whole transfer arrives and verifies."""
+    device = FakeAsyncDevice(hold=True)
+    tokens = prompt_tokens(TOKENS, seed=4)
+
+    async def run() -> tuple[str, int, Any]:
+        worker = _worker(engine, device)
+        receiver = KVReceiver(ReceiverConfig(port=0, frame_timeout_s=5.0, arena_bytes=0))
+        await receiver.start()
+        try:
+            async with TestServer(worker.app()) as server, TestClient(server) as client:
+                resp = await client.post("/prefill", json={
+                    "request_id": 9, "token_ids": tokens, "nonce": "n1", "kv_deadline_s": 20,
+                    "progress": True, "dest": {"host": "127.0.0.1", "port": receiver.port}})
+                first = await asyncio.wait_for(resp.content.readline(), 20.0)
+                held_copies = device.copy.ran
+                device.open()
+                last = json.loads(await resp.content.readline())
+                received = await receiver.wait_request(9, 10.0)
+                verify(received, Binding(9, "n1", worker.model_id,
+                                         engine.config.layer_pattern, 0, tuple(tokens)),
+                       LAYER_KINDS)
+                return first.decode(), held_copies, last
+        finally:
+            await receiver.close()
+
+    try:
+        first, held_copies, last = asyncio.run(run())
+    finally:
+        device.stop()
+    assert json.loads(first) == {"event": "computed"}
+    assert held_copies == 0  # the copy stream sat on its first wait: nothing copied yet
+    assert last["computed_tokens"] == TOKENS and "error" not in last
