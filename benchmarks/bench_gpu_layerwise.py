@@ -183,11 +183,10 @@ def bytes_equal(run: Run, num_tokens: int, num_layers: int) -> bool:
     return True
 
 
-def layerwise(engine: Engine, sizes: Sizes, ops: DeviceOps, sync: Callable[[], None]
-              ) -> list[dict[str, Any]]:
+def layerwise(engine: Engine, sizes: Sizes, ops: DeviceOps, sync: Callable[[], None],
+              on_row: Callable[[dict[str, Any]], object]) -> None:
     paths = {"naive": BlockingShipper(ops),
              "shipper": LayerShipper(ops, ring_bytes=sizes.ring_mib << 20)}
-    rows = []
     for n in sizes.layer_tokens:
         ids = prompt_tokens(n, seed=n)
         for mode in MODES:  # warm-up (allocator, kernels, the ring's pages)
@@ -210,13 +209,11 @@ def layerwise(engine: Engine, sizes: Sizes, ops: DeviceOps, sync: Callable[[], N
             row[mode] = {"prefill_s": round(med, 6), "vs_none": round(med / none, 4)}
         row["shipper"]["lag_s"] = round(statistics.median(lags), 6)
         row["shipper"]["bytes_equal"] = bytes_equal(last, n, engine.config.num_layers)
-        rows.append(row)
+        on_row(row)
         log(f"{n} tokens: none {none * 1e3:.1f} ms, naive {row['naive']['vs_none']:.3f}x, "
             f"shipper {row['shipper']['vs_none']:.3f}x (lag {row['shipper']['lag_s'] * 1e3:.2f}"
             f" ms, bytes equal {row['shipper']['bytes_equal']})")
-    metrics = paths["shipper"].metrics
-    log(f"shipper: {metrics.as_dict()}")
-    return rows
+    log(f"shipper: {paths['shipper'].metrics.as_dict()}")
 
 
 # -- live: a native deployment, one request at a time ------------------------------------------
@@ -359,29 +356,36 @@ def main(argv: list[str] | None = None) -> int:
     sync = compute_sync(args.device)
     device_name = (torch.cuda.get_device_name() if args.device == "cuda"
                    else f"cpu ({cpu_model()}, {torch.get_num_threads()} torch threads)")
-    rows = layerwise(engine, sizes, ops, sync)
+    doc: dict[str, Any] = {
+        "device": device_name, "layerwise": [], "profile": {}, "live": [],
+        "meta": {"preset": sizes.preset, "quick": args.quick, "torch": torch.__version__,
+                 "python": platform.python_version(), "host_cpus": os.cpu_count(),
+                 "ring_mib": sizes.ring_mib, "reps": sizes.reps,
+                 "live_link": {"rate_gbps": sizes.rate_gbps, "wire_dtype": sizes.wire_dtype},
+                 "complete": False, "wall_s": 0.0}}
+    path = args.out / RESULT_NAME
+
+    def save() -> None:  # after every part: a run cut short keeps what it measured
+        doc["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+
+    layerwise(engine, sizes, ops, sync, lambda row: (doc["layerwise"].append(row), save()))
     log("profile")
     prof = run_profile(engine, sizes.profile_lengths, sizes.batches, 1, sizes.context_tokens,
                        sizes.decode_steps)
-    profile = profile_document(engine, prof)
+    doc["profile"] = profile_document(engine, prof)
     profile_path = args.out / "profile.yaml"
-    profile_path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    profile_path.write_text(yaml.safe_dump(doc["profile"], sort_keys=False))
+    save()
     num_layers, vocab = config.num_layers, config.vocab_size
     del engine
     if args.device == "cuda":
         torch.cuda.empty_cache()
-    live_rows: list[dict[str, Any]] = []
     if not args.skip_live:
-        live_rows = live(sizes, sizes.preset, args.device, profile_path, args.out,
-                         config.max_context_tokens, num_layers, vocab)
-    doc = {"device": device_name, "layerwise": rows, "profile": profile, "live": live_rows,
-           "meta": {"preset": sizes.preset, "quick": args.quick, "torch": torch.__version__,
-                    "python": platform.python_version(), "host_cpus": os.cpu_count(),
-                    "ring_mib": sizes.ring_mib, "reps": sizes.reps,
-                    "live_link": {"rate_gbps": sizes.rate_gbps, "wire_dtype": sizes.wire_dtype},
-                    "wall_s": round(time.perf_counter() - t_start, 1)}}
-    path = args.out / RESULT_NAME
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+        doc["live"] = live(sizes, sizes.preset, args.device, profile_path, args.out,
+                           config.max_context_tokens, num_layers, vocab)
+    doc["meta"]["complete"] = True
+    save()
     log(f"wrote {path} in {doc['meta']['wall_s']} s")
     return 0
 
