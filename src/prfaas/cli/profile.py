@@ -63,15 +63,20 @@ def _ints(text: str | None, field: str) -> tuple[int, ...] | None:
               help="Context length of the decode-step measurement.")
 @click.option("--preset", default="tiny", show_default=True, type=click.Choice(list(PRESETS)))
 @click.option("--threads", default=None, type=int, help="torch threads (default 1).")
+@click.option("--device", default=None,
+              help="native: cpu (default), cuda or cuda:N (bf16 on a GPU; docs/gpu.md).")
 @click.option("--spec-out", default=None, type=click.Path(),
               help="Also write the engine's model spec (for `prfaas kv --model-file`).")
 def command(engine_name: str, topology_path: str | None, url: str | None, idle_routes: bool,
             scenario_out: str | None, out: str, full: bool,
             lengths: str | None, batches: str | None, reps: int, context_tokens: int,
-            preset: str, threads: int | None, spec_out: str | None) -> None:
+            preset: str, threads: int | None, device: str | None, spec_out: str | None) -> None:
     """Measure an engine's prefill / KV / decode profile on this machine."""
     if reps <= 0:
         raise ConfigError("reps", reps, "must be positive")
+    if device is not None and engine_name != "native":
+        raise ConfigError("device", device, "--device is the native engine's; vLLM instances "
+                                            "run where the topology puts them (docs/gpu.md)")
     if engine_name == "vllm":
         doc = _vllm(topology_path, url, _ints(lengths, "lengths"), _ints(batches, "batches"),
                     reps, context_tokens)
@@ -81,7 +86,7 @@ def command(engine_name: str, topology_path: str | None, url: str | None, idle_r
         if scenario_out is not None:
             _scenario(topology_path, out, scenario_out)
         return
-    engine = Engine(engine_config(preset, threads=threads))
+    engine = Engine(engine_config(preset, threads=threads, device=device), digest_weights=False)
     if spec_out is not None:
         Path(spec_out).write_text(yaml.safe_dump(spec_to_dict(engine.config.to_spec()),
                                                  sort_keys=False))

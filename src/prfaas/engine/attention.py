@@ -13,6 +13,10 @@ Every mixer has the same three entry points:
 - `decode(x [B, D], stores, positions [B])`: one token per sequence (continuous batching).
 - `forward_full(x [T, D])`: the plain reference forward (no cache, no chunks), for checks
   and benchmarks.
+Every tensor a mixer makes is made on its weights' device and in their dtype. With
+`fused_attention` (HybridLM sets it on a GPU) MLA and full GQA attend through
+ops.fused_causal_attention (flash / memory-efficient kernels, no [heads, chunk, context]
+scores); without it, through the explicit ops.causal_attention the CPU engine's bits rely on.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 from torch import nn
 
 from prfaas.engine.kv import AttnStore, Store
-from prfaas.engine.ops import apply_rope, causal_attention, proj, rms_norm
+from prfaas.engine.ops import apply_rope, causal_attention, fused_causal_attention, proj, rms_norm
 from prfaas.models.engine_config import EngineConfig
 
 Work = dict[str, Any]
@@ -43,15 +47,23 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.zeros(*shape), requires_grad=False)
 
 
-def _buffers(work: Work, lead: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+def _buffers(work: Work, lead: int, shapes: dict[str, tuple[int, ...]],
+             like: torch.Tensor) -> dict[str, Any]:
     if "buf" not in work:
-        work["buf"] = {n: torch.zeros(lead, *s) for n, s in shapes.items()}
+        work["buf"] = {n: torch.zeros(lead, *s, dtype=like.dtype, device=like.device)
+                       for n, s in shapes.items()}
     return work["buf"]
+
+
+def _positions(start: int, end: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.arange(start, end, device=like.device)
 
 
 class ProjectThenAttend(ABC):
     """The two-step chunk of an attention mixer: `project_chunk` computes and appends what the
     layer caches (final from then on), `attend_chunk` runs the chunk's attention."""
+
+    fused_attention = False  # ops.fused_causal_attention instead of the explicit form (GPUs)
 
     @abstractmethod
     def cache_of(self, x: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -72,7 +84,7 @@ class ProjectThenAttend(ABC):
         """Append the chunk's cached KV to the store; returns it for attend_chunk."""
         assert isinstance(store, AttnStore)
         work.setdefault("cached_tokens", start)  # the prefix this call resumes from
-        cached = self.cache_of(x, torch.arange(start, start + x.shape[0]))
+        cached = self.cache_of(x, _positions(start, start + x.shape[0], x))
         store.append(cached)
         return cached
 
@@ -121,24 +133,31 @@ class MLA(nn.Module, ProjectThenAttend):
               k_rope: torch.Tensor) -> None:
         k, v = self._up(latent, k_rope)
         buf["k"][:, start:start + k.shape[0]] = k.transpose(0, 1)
-        buf["v"][:, start:start + v.shape[0]] = v.transpose(0, 1)
+        buf["v"][:, start:start + v.shape[0], :self.dn] = v.transpose(0, 1)
 
     def attend_chunk(self, x: torch.Tensor, start: int, store: Store, work: Work,
                      cached: dict[str, torch.Tensor]) -> torch.Tensor:
         assert isinstance(store, AttnStore)
         c, end = x.shape[0], start + x.shape[0]
         # head-major [H, T, d] buffers: [:, :end] is a plain strided operand, no copy per chunk
+        # fused: v as wide as k (zero columns past dn), so the flash kernel's equal head sizes
+        # hold without a per-chunk copy (ops.fused_causal_attention)
+        v_width = self.dn + self.dr if self.fused_attention else self.dn
         buf = _buffers(work, self.h, {"k": (work["total"], self.dn + self.dr),
-                                      "v": (work["total"], self.dn)})
+                                      "v": (work["total"], v_width)}, x)
         if "filled" not in work:  # up-project the cached prefix block by block, like a chunk
             # (only the prefix blocks: the store may already hold this call's projected chunks)
             for i, block in enumerate(store.blocks[:work["cached_tokens"] // self.block_size]):
                 self._fill(buf, i * self.block_size, block["latent"], block["k_rope"])
             work["filled"] = True
         self._fill(buf, start, cached["latent"], cached["k_rope"])
-        q = self._q(x, torch.arange(start, end))
-        o = causal_attention(q.transpose(0, 1), buf["k"][:, :end], buf["v"][:, :end],
-                             start, 0)  # [H, C, dv]
+        q = self._q(x, _positions(start, end, x))
+        if self.fused_attention:
+            o = fused_causal_attention(q.transpose(0, 1), buf["k"][:, :end],
+                                       buf["v"][:, :end])[..., :self.dn]
+        else:
+            o = causal_attention(q.transpose(0, 1), buf["k"][:, :end], buf["v"][:, :end],
+                                 start, 0)  # [H, C, dv]
         return proj(o.transpose(0, 1).reshape(c, self.h * self.dn), self.wo)
 
     def decode(self, x: torch.Tensor, stores: list[Store], positions: torch.Tensor,
@@ -163,7 +182,7 @@ class MLA(nn.Module, ProjectThenAttend):
 
     def forward_full(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q, latent, k_rope = self._qkv_latent(x, torch.arange(t))
+        q, latent, k_rope = self._qkv_latent(x, _positions(0, t, x))
         k, v = self._up(latent, k_rope)
         o = _tiled_attention(q, k, v, 0)
         return proj(o.reshape(t, self.h * self.dn), self.wo)
@@ -204,6 +223,10 @@ class GQA(nn.Module, ProjectThenAttend):
         """[N, kvh, d] -> [H, N, d] (each kv head serves H / kvh query heads)."""
         return kv.repeat_interleave(self.h // self.kvh, dim=1).transpose(0, 1)
 
+    def _heads_buf(self, kv: torch.Tensor) -> torch.Tensor:
+        """[kvh, N, d] -> [H, N, d]."""
+        return kv.repeat_interleave(self.h // self.kvh, dim=0)
+
     def _key_start(self, start: int, first: int = 0) -> int:
         return max(first, start - self.window + 1) if self.window else first
 
@@ -212,7 +235,7 @@ class GQA(nn.Module, ProjectThenAttend):
         assert isinstance(store, AttnStore)
         c, end = x.shape[0], start + x.shape[0]
         buf = _buffers(work, self.kvh, {"k": (work["total"], self.d),
-                                        "v": (work["total"], self.d)})
+                                        "v": (work["total"], self.d)}, x)
         if "filled" not in work:  # copy the cached prefix rows this prefill can still attend to
             first = work["cached_tokens"]
             lo = self._key_start(first, store.first_token)
@@ -222,8 +245,12 @@ class GQA(nn.Module, ProjectThenAttend):
             work["filled"] = True
         k, v = cached["k"], cached["v"]
         buf["k"][:, start:end], buf["v"][:, start:end] = k.transpose(0, 1), v.transpose(0, 1)
-        q = self._q(x, torch.arange(start, end))
+        q = self._q(x, _positions(start, end, x))
         lo, rep = self._key_start(start), self.h // self.kvh
+        if self.fused_attention and not self.window:  # heads of a kv head share its k, v
+            o = fused_causal_attention(q.transpose(0, 1), self._heads_buf(buf["k"][:, :end]),
+                                       self._heads_buf(buf["v"][:, :end]))
+            return proj(o.transpose(0, 1).reshape(c, self.h * self.d), self.wo)
         # query heads sharing a kv head attend together: [kvh, rep * C, d], no K/V repeat
         grouped = q.transpose(0, 1).reshape(self.kvh, rep * c, self.d)
         o = causal_attention(grouped, buf["k"][:, lo:end], buf["v"][:, lo:end], start, lo,
@@ -248,7 +275,7 @@ class GQA(nn.Module, ProjectThenAttend):
 
     def forward_full(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self._qkv(x, torch.arange(t))
+        q, k, v = self._qkv(x, _positions(0, t, x))
         o = _tiled_attention(q, k.repeat_interleave(self.h // self.kvh, dim=1),
                              v.repeat_interleave(self.h // self.kvh, dim=1), self.window)
         return proj(o.reshape(t, self.h * self.d), self.wo)

@@ -76,6 +76,11 @@ class EngineBase(ABC):
     def decode_step(self, batch: list[DecodeSeq]) -> list[int]:
         """Feed each sequence's last token, return one new token per sequence."""
 
+    def place_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A received linear-layer state (host float32 tensors) where this engine keeps
+        states; as it is by default (an engine on the CPU)."""
+        return tensors
+
     def _check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
             raise ConfigError("token_ids", token_ids, "empty prompt")

@@ -5,7 +5,9 @@ q, k per head; beta = sigmoid(W_b x); channel-wise forget gate
 log a = max(-exp(A_log) * softplus(W_gb W_ga x + dt_bias), GATE_FLOOR); gated delta rule
 (kda.py); per-head RMSNorm of the output times a sigmoid output gate; output projection.
 The layer's cache is fixed-size: the delta-rule state [H, dk, dv] and the conv state
-[kernel-1, 3*H*dk] (the last kernel-1 pre-conv inputs).
+[kernel-1, 3*H*dk] (the last kernel-1 pre-conv inputs). On a bf16 engine the projections and the
+conv state are bf16 and the gated delta rule runs in float32 with a float32 state (as Kimi
+Linear's kernels and vLLM's KDA state do); on the fp32 CPU engine every cast is a no-op.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import nn
 from prfaas.engine.kda import GATE_FLOOR, kda_chunk, kda_recurrent_step
 from prfaas.engine.kv import LinearStore, Store
 from prfaas.engine.ops import l2_norm, proj, rms_norm
-from prfaas.models.engine_config import CONV_KERNEL, KDA_CHUNK_TOKENS, EngineConfig
+from prfaas.models.engine_config import CONV_KERNEL, EngineConfig
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -43,6 +45,7 @@ class KDA(nn.Module):
         self.h, self.dk = cfg.num_heads, cfg.head_dim
         self.channels = cfg.conv_channels
         self.snapshot_every_tokens = cfg.block_size_tokens * cfg.snapshot_every_blocks
+        self.chunk = cfg.kda_chunk_tokens
         self.w_qkv = _param(self.channels, cfg.hidden)
         self.conv_w = _param(CONV_KERNEL, self.channels)
         self.w_beta = _param(self.h, cfg.hidden)
@@ -55,8 +58,10 @@ class KDA(nn.Module):
         self.wo = _param(cfg.hidden, self.h * self.dk)
 
     def new_store(self) -> LinearStore:
-        state = {"state": torch.zeros(self.h, self.dk, self.dk),
-                 "conv": torch.zeros(CONV_KERNEL - 1, self.channels)}
+        where = self.w_qkv.device
+        state = {"state": torch.zeros(self.h, self.dk, self.dk, device=where),
+                 "conv": torch.zeros(CONV_KERNEL - 1, self.channels, dtype=self.w_qkv.dtype,
+                                     device=where)}
         return LinearStore(state, 0, self.snapshot_every_tokens)
 
     def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,10 +89,10 @@ class KDA(nn.Module):
         window = torch.cat((state["conv"], proj(x, self.w_qkv)))  # [T + K - 1, CH]
         q, k, v = self._qkv(_conv(window, self.conv_w, t))
         beta, g = self._gates(x)
-        o, s = kda_chunk(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                         g.transpose(0, 1), beta.T, state["state"], KDA_CHUNK_TOKENS)
+        o, s = kda_chunk(*(a.transpose(0, 1).float() for a in (q, k, v, g)), beta.T.float(),
+                         state["state"], self.chunk)
         new_state = {"state": s, "conv": window[-(CONV_KERNEL - 1):].clone()}
-        return self._out(x, o.transpose(0, 1)), new_state
+        return self._out(x, o.transpose(0, 1).to(x.dtype)), new_state
 
     def prefill_chunk(self, x: torch.Tensor, start: int, store: Store, work: dict[str, Any],
                       ) -> torch.Tensor:
@@ -104,7 +109,8 @@ class KDA(nn.Module):
         q, k, v = self._qkv(_conv(window, self.conv_w, 1)[:, 0])
         beta, g = self._gates(x)
         s0 = torch.stack([s.state["state"] for s in linear])
-        o, s1 = kda_recurrent_step(q, k, v, g, beta, s0)
+        o, s1 = kda_recurrent_step(q.float(), k.float(), v.float(), g.float(), beta.float(), s0)
+        o = o.to(x.dtype)
         for i, store in enumerate(linear):
             store.advance({"state": s1[i], "conv": window[i, 1:]}, store.num_tokens + 1)
         return self._out(x, o)

@@ -32,7 +32,9 @@ class LayerKV:
     # linear {"state" [H, dk, dv], "conv" [kernel-1, channels]}
 
     def byte_size(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        """Bytes as shipped: float32 on the wire (a bf16 engine's KV widens to it)."""
+        return sum(t.numel() * (4 if t.is_floating_point() else t.element_size())
+                   for t in self.tensors.values())
 
 
 class AttnStore:
@@ -45,12 +47,27 @@ class AttnStore:
         self.blocks: list[dict[str, torch.Tensor]] = []
 
     def append(self, rows: dict[str, torch.Tensor]) -> None:
+        """Rows in the rows' own device and dtype. Whole blocks at a block boundary are one
+        copy (block views into it; full blocks are never written again), so a GPU prefill of
+        8192 tokens costs one copy per tensor, not one per 64-token block; a partial tail block
+        is its own tensor, written in place until full."""
         count = next(iter(rows.values())).shape[0]
         done = 0
         while done < count:
             offset = (self.num_tokens - self.first_token) % self.block_size
+            whole = (count - done) // self.block_size
+            if offset == 0 and whole >= 2:
+                span = whole * self.block_size
+                bulk = {name: t[done:done + span].reshape(whole, self.block_size, *t.shape[1:])
+                        .clone() for name, t in rows.items()}
+                self.blocks.extend({name: b[i] for name, b in bulk.items()}
+                                   for i in range(whole))
+                done += span
+                self.num_tokens += span
+                continue
             if offset == 0:
-                self.blocks.append({name: torch.empty(self.block_size, *t.shape[1:])
+                self.blocks.append({name: torch.empty(self.block_size, *t.shape[1:],
+                                                      dtype=t.dtype, device=t.device)
                                     for name, t in rows.items()})
             take = min(self.block_size - offset, count - done)
             for name, t in rows.items():

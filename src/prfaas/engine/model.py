@@ -15,6 +15,12 @@ layer i's cache for those tokens is final (the transport streams it while the re
   of the layer.
 Projecting all chunks before attending runs the same operations on the same chunk shapes as
 interleaving them would, so from-scratch and resumed prefills stay bitwise equal.
+Chunks are `cfg.chunk_tokens` long: the block size by default (the bitwise contract above),
+thousands of tokens on a GPU (`prefill_chunk_tokens`), where a resumed prefill then agrees
+with one from scratch to rounding, not bitwise.
+Weights are made on the CPU in float32 from the seed (the same values in every process,
+whatever device it computes on), then `place` moves the rope tables to the engine's device
+and dtype and turns on the fused attention kernels on a GPU (Engine moves the weights).
 """
 
 from __future__ import annotations
@@ -93,11 +99,14 @@ class Block(nn.Module):
 
 
 class HybridLM(nn.Module):
-    def __init__(self, cfg: EngineConfig) -> None:
+    def __init__(self, cfg: EngineConfig, seed_init: bool = True) -> None:
+        """`seed_init` False: every weight zero (Engine fills them one at a time, moving each
+        to the device as it goes, so the CPU never holds all of a large model at once)."""
         super().__init__()
         self.cfg = cfg
         ropes = {dim: Rope(*rope_tables(cfg.max_context_tokens, dim, cfg.rope_theta))
                  for dim in {cfg.rope_head_dim, cfg.head_dim}}
+        self.ropes = list(ropes.values())
         self.embed = _param(cfg.vocab_size, cfg.hidden)
         self.blocks = nn.ModuleList(
             Block(cfg, cfg.kind_of(i),
@@ -105,7 +114,8 @@ class HybridLM(nn.Module):
             for i in range(cfg.num_layers))
         self.final_norm = _param(cfg.hidden)
         self.lm_head = _param(cfg.vocab_size, cfg.hidden)
-        self.init_from_seed(cfg.seed)
+        if seed_init:
+            self.init_from_seed(cfg.seed)
 
     def block(self, index: int) -> Block:
         return cast(Block, self.blocks[index])
@@ -113,22 +123,40 @@ class HybridLM(nn.Module):
     def mixer(self, index: int) -> Mixer:
         return self.block(index).mixer
 
-    def init_from_seed(self, seed: int) -> None:
+    def place(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Rope tables to `device` / `dtype`; fused attention kernels on a GPU (the weights
+        are moved by the caller, one at a time)."""
+        for rope in self.ropes:
+            rope.cos, rope.sin = rope.cos.to(device, dtype), rope.sin.to(device, dtype)
+        for block in self.blocks:
+            mixer = cast(Block, block).mixer
+            if isinstance(mixer, (MLA, GQA)):
+                mixer.fused_attention = device.type == "cuda"
+
+    def init_from_seed(self, seed: int,
+                       after: Callable[[str, nn.Parameter], None] | None = None) -> None:
+        """Fill every weight from `seed`, in name order; `after(name, p)` right after each."""
         gen = torch.Generator().manual_seed(seed)
         for name, p in sorted(self.named_parameters()):
-            leaf = name.rsplit(".", 1)[-1]
-            if "norm" in leaf:
-                p.fill_(1.0)
-            elif leaf == "a_log":  # per-token decay exp(-a * softplus(.)) with a in [0.02, 0.3]
-                p.copy_(torch.empty(p.shape).uniform_(0.02, 0.3, generator=gen).log())
-            elif leaf == "dt_bias":
-                p.zero_()
-            elif leaf == "embed":
-                p.normal_(0.0, 1.0, generator=gen)
-            elif leaf == "conv_w":
-                p.normal_(0.0, 0.5, generator=gen)
-            else:
-                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+            self._fill(name, p, gen)
+            if after is not None:
+                after(name, p)
+
+    @staticmethod
+    def _fill(name: str, p: nn.Parameter, gen: torch.Generator) -> None:
+        leaf = name.rsplit(".", 1)[-1]
+        if "norm" in leaf:
+            p.fill_(1.0)
+        elif leaf == "a_log":  # per-token decay exp(-a * softplus(.)) with a in [0.02, 0.3]
+            p.copy_(torch.empty(p.shape).uniform_(0.02, 0.3, generator=gen).log())
+        elif leaf == "dt_bias":
+            p.zero_()
+        elif leaf == "embed":
+            p.normal_(0.0, 1.0, generator=gen)
+        elif leaf == "conv_w":
+            p.normal_(0.0, 0.5, generator=gen)
+        else:
+            p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
 
     def load_safetensors(self, path: str | Path) -> None:
         from safetensors.torch import load_file
@@ -167,15 +195,14 @@ class HybridLM(nn.Module):
         x = self.embed[token_ids]  # [T, D]
         for i in range(len(self.blocks)):
             ready = None if kv_ready is None else partial(kv_ready, i)
-            x = self.block(i).prefill(x, start, stores[i], self.cfg.block_size_tokens, total,
-                                      ready)
+            x = self.block(i).prefill(x, start, stores[i], self.cfg.chunk_tokens, total, ready)
         if all_logits is not None:
             all_logits.append(self.logits(x))  # [T, vocab]
         return self.logits(x[-1:])[0]
 
     def decode(self, token_ids: torch.Tensor, stores: list[list[Store]]) -> torch.Tensor:
         """One token per sequence; stores[layer][seq]. Returns logits [B, vocab]."""
-        positions = torch.tensor([s.num_tokens for s in stores[0]])
+        positions = torch.tensor([s.num_tokens for s in stores[0]], device=self.embed.device)
         x = self.embed[token_ids]  # [B, D]
         for i in range(len(self.blocks)):
             x = self.block(i).decode(x, stores[i], positions)

@@ -4,6 +4,13 @@
 output row of a GEMM with M >= 8 identically whatever M is, while M < 8 takes a different kernel.
 Padding makes a request's decode row bitwise the same alone or in a batch of 32. Everything else
 here is row-wise (norms, rope, elementwise), so it is batch-invariant by construction.
+Every tensor made here is made on its inputs' device and in their dtype (a GPU engine).
+
+`causal_attention` is explicit matmul + softmax (its kernels cannot change with the shapes'
+history: the CPU engine's bitwise contract); `fused_causal_attention` is PyTorch's
+scaled_dot_product_attention with a lower-right causal bias, which on a GPU runs a
+flash / memory-efficient kernel that never materialises the [heads, chunk, context] scores
+(at 128K tokens of context an 8K chunk's scores would take 137 GB in fp32).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ def proj(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = x.shape[0]
     if rows >= MIN_GEMM_ROWS:
         return F.linear(x, weight)
-    padded = torch.zeros(MIN_GEMM_ROWS, x.shape[1], dtype=x.dtype)
+    padded = torch.zeros(MIN_GEMM_ROWS, x.shape[1], dtype=x.dtype, device=x.device)
     padded[:rows] = x
     return F.linear(padded, weight)[:rows]
 
@@ -61,13 +68,32 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start:
     """
     scale = q.shape[-1] ** -0.5
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [H, R*C, N]
-    q_pos = torch.arange(q_start, q_start + q.shape[1] // q_repeat).repeat(q_repeat)[:, None]
-    k_pos = torch.arange(k_start, k_start + k.shape[1])[None, :]
+    q_pos = torch.arange(q_start, q_start + q.shape[1] // q_repeat,
+                         device=q.device).repeat(q_repeat)[:, None]
+    k_pos = torch.arange(k_start, k_start + k.shape[1], device=q.device)[None, :]
     allowed = k_pos <= q_pos
     if window > 0:
         allowed &= k_pos > q_pos - window
     scores = scores.masked_fill(~allowed, NEG_INF)
     return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def fused_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           ) -> torch.Tensor:
+    """`causal_attention` where the queries are the LAST q.shape[1] positions of the keys
+    (q [H, C, d] at positions N-C..N-1, k [H, N, d], v [H, N, dv] from position 0 of the
+    window): scaled_dot_product_attention with a lower-right causal bias, scale d^-0.5 as
+    there. A value head narrower than the key head is zero-padded to it and the output cut
+    back, so the flash kernel (equal head sizes) applies too. The same math as
+    causal_attention, not the same bits: for GPUs, where no bitwise contract holds."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    dv = v.shape[-1]
+    if dv < q.shape[-1]:
+        v = F.pad(v, (0, q.shape[-1] - dv))
+    bias = causal_lower_right(q.shape[-2], k.shape[-2])
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return out[..., :dv]
 
 
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,

@@ -40,7 +40,8 @@ class PlainDecoder:
             assert isinstance(s, AttnStore) and s.first_token == 0
         rows = [s.gather(0, self.pos) for s in stores if isinstance(s, AttnStore)]
         for name, t in rows[0].items():
-            out[name] = torch.zeros(len(stores), cap, *t.shape[1:])
+            out[name] = torch.zeros(len(stores), cap, *t.shape[1:], dtype=t.dtype,
+                                    device=t.device)
             out[name][:, :self.pos] = torch.stack([r[name] for r in rows])
         return out
 
@@ -58,7 +59,7 @@ class PlainDecoder:
     def _mix(self, mixer: MLA | GQA | KDA, x: torch.Tensor, cache: Cache) -> torch.Tensor:
         if isinstance(mixer, KDA):
             return _kda(mixer, x, cache)
-        positions = torch.full((x.shape[0],), self.pos, dtype=torch.long)
+        positions = torch.full((x.shape[0],), self.pos, dtype=torch.long, device=x.device)
         if isinstance(mixer, MLA):
             return _mla(mixer, x, cache, positions)
         return _gqa(mixer, x, cache, positions)

@@ -12,6 +12,7 @@ PRESETS: dict[str, Callable[..., EngineConfig]] = {
     "tiny": EngineConfig.tiny,
     "small": EngineConfig.small,
     "mimo-like": EngineConfig.mimo_like,
+    "kimi-linear": EngineConfig.kimi_linear,
 }
 
 

@@ -100,15 +100,26 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def device_model(engine: Engine) -> str:
+    """What computed: the GPU's name (and the host CPU) or the CPU's, with its threads."""
+    if engine.device.type == "cuda":
+        return (f"{torch.cuda.get_device_name(engine.device)} ({engine.config.device}), "
+                f"host {cpu_model()}")
+    return f"{cpu_model()}, {engine.config.threads} threads"
+
+
 def profile_document(engine: Engine, prof: EngineProfile) -> dict[str, Any]:
-    """The profile in the planner's YAML format."""
+    """The profile in the planner's YAML format. Its name says the device kind
+    (`cpu-prfaas-tiny-kda`, `cuda-prfaas-kimi-linear-48b-a3b-like`). Each timed prefill and
+    decode step ends in a host read of its result, so GPU times include every kernel."""
     cfg = engine.config
     how = (f"prfaas profile: engine prefill from scratch (median of {prof.reps} rounds over the"
            f" lengths, after a warm-up),"
-           f" S_kv = SequenceKV.byte_size (fp32), decode step = median of steps at"
+           f" S_kv = SequenceKV.byte_size (fp32, as shipped), decode step = median of steps at"
            f" {prof.context_tokens} tokens of context; torch {torch.__version__};"
            f" {dt.datetime.now(dt.UTC).date().isoformat()}; config: pattern={cfg.layer_pattern}"
            f" hidden={cfg.hidden} heads={cfg.num_heads} block={cfg.block_size_tokens}"
-           f" seed={cfg.seed} threads={cfg.threads}")
-    return prof.document(f"cpu-{cfg.name}", f"{cpu_model()}, {cfg.threads} threads",
+           f" seed={cfg.seed} threads={cfg.threads} device={cfg.device}"
+           f" dtype={cfg.compute_dtype} prefill_chunk={cfg.chunk_tokens}")
+    return prof.document(f"{engine.device.type}-{cfg.name}", device_model(engine),
                          cfg.to_spec().name, how)

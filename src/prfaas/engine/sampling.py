@@ -10,6 +10,10 @@ any batch.
 The random draw for output token number `step` uses a generator seeded from (seed, step), not a
 generator carried along: the same request samples the same tokens whichever process produced
 which step (the first token on a prefill node, the rest on a decode node).
+
+Sampling runs on the CPU: the seeded draw is a CPU generator's, so a GPU engine hands its logits
+over as CPU float32 (engine.py), and logits given here on a device are moved first (a greedy
+argmax with no bias, penalty or minimum stays where the logits are).
 """
 
 from __future__ import annotations
@@ -126,7 +130,9 @@ def sample_full(logits: torch.Tensor, params: SamplingParams, step: int,
 
 def choose(logits: torch.Tensor, params: SamplingParams, step: int,
            history: TokenHistory | None, stop_ids: tuple[int, ...]) -> int:
-    x = logits
+    plain = not (params.logit_bias or (step < params.min_tokens and stop_ids)
+                 or (params.penalized and history is not None))
+    x = logits if params.greedy and plain else logits.cpu()
     if params.logit_bias:
         x = x.clone()
         for token, bias in params.logit_bias:
@@ -161,7 +167,7 @@ def prompt_logprobs(token_ids: list[int], logits: torch.Tensor, k: int) -> list[
     """Logprobs of prompt tokens 1.. under the logits of the position before each
     (`logits` [len(token_ids), vocab], a from-scratch prefill's `prompt_logits`)."""
     logp = torch.log_softmax(logits[:-1].float(), dim=-1)  # [L-1, vocab]
-    targets = torch.tensor(token_ids[1:], dtype=torch.long)
+    targets = torch.tensor(token_ids[1:], dtype=torch.long, device=logp.device)
     own = logp.gather(1, targets[:, None])[:, 0].tolist()
     tops: list[tuple[tuple[int, float], ...]] = [()] * len(own)
     if k > 0:

@@ -1,9 +1,13 @@
 """The native engine backend (`engine: native`, the default): prfaas' own workers running
-the small hybrid-attention torch model, `model: {preset: tiny|small|mimo_like, <EngineConfig
-fields>}`. torch is imported only by `worker_engine`, in the worker processes."""
+the hybrid-attention torch model, `model: {preset: tiny|small|mimo_like|kimi_linear,
+<EngineConfig fields>}`, `device: cuda` among them for GPUs (a worker's own `device` and
+`gpus` override it: serve/gpus.py). torch is imported only by `worker_engine`, in the worker
+processes."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import TYPE_CHECKING, Any
 
 from prfaas.core.errors import ConfigError
@@ -11,11 +15,12 @@ from prfaas.models.card import ModelCard
 from prfaas.models.engine_config import EngineConfig
 from prfaas.models.kv import geometry
 from prfaas.serve.engines import EngineBackend
+from prfaas.serve.gpus import gpu_env
 
 if TYPE_CHECKING:
     from prfaas.engine.base import EngineBase
 
-PRESETS = ("tiny", "small", "mimo_like")
+PRESETS = ("tiny", "small", "mimo_like", "kimi_linear")
 
 
 def engine_config(model: dict[str, Any]) -> EngineConfig:
@@ -43,6 +48,18 @@ class NativeEngineBackend(EngineBackend):
         return config_card(engine_config(self.topology.model))
 
     def worker_engine(self, name: str) -> EngineBase:
+        """Worker `name`'s engine on its device: its `gpus` become this process's
+        CUDA_VISIBLE_DEVICES before CUDA starts (so `cuda:N` counts within them); a device
+        this machine lacks is a one-line error naming the worker."""
         from prfaas.engine.engine import Engine
 
-        return Engine(engine_config(self.topology.model))
+        worker = self.topology.worker(name)
+        device = self.topology.device_of(worker)
+        os.environ.update(gpu_env(worker.gpus, os.environ))
+        config = dataclasses.replace(engine_config(self.topology.model), device=device)
+        try:
+            return Engine(config)
+        except ConfigError as exc:
+            if exc.field != "engine.device":
+                raise
+            raise ConfigError(f"workers.{name}.device", device, exc.reason) from None

@@ -5,7 +5,8 @@ Loaded from YAML (the embedded default is `topologies/local.yaml`), validated at
 returns a copy where every port 0 is replaced by a free port of this host (tests, `--port`).
 Roles: `prfaas` (prefill in the PrfaaS cluster; its KV crosses the shaped inter-DC `link`),
 `pd-p` (local prefill; KV over the unshaped or faster `intra_link`), `pd-d` (local decode, with
-a KV receiver on `kv_port`).
+a KV receiver on `kv_port`). Where each worker computes (`device`, `gpus`; `model.device`,
+`vllm.device`): serve/gpus.py.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import yaml
 from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_text
 from prfaas.models.compression import MODES as COMPRESSION_MODES
+from prfaas.models.engine_config import check_device
 from prfaas.models.kv import wire_dtype_name
 from prfaas.security.spec import SecuritySpec, parse_security
 from prfaas.serve.cores import parse_cores
 from prfaas.serve.engines import DEFAULT_ENGINE, backend_class, engine_names
+from prfaas.serve.gpus import check_worker_gpus, parse_gpus
 from prfaas.serve.resilience import (
     AdmissionSpec,
     DeadlineSpec,
@@ -109,6 +112,8 @@ class WorkerSpec:
     cores: str | None = None  # vllm: VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
     vllm_args: tuple[str, ...] = ()  # vllm: more server arguments for this instance
     events_port: int = 0  # vllm with kv_events: where the instance publishes its KV events
+    device: str | None = None  # native: cpu | cuda | cuda:N (None: the model's device)
+    gpus: tuple[int, ...] = ()  # on cuda: the launcher's GPU indices it gets (serve/gpus.py)
 
     def __post_init__(self) -> None:
         if self.engine not in engine_names():
@@ -191,6 +196,17 @@ class Topology:
         if self.router_cores is not None and not parse_cores(self.router_cores):
             raise ConfigError("router.cores", self.router_cores, "names no CPU")
         backend_class(self.engine).check(self)  # e.g. vllm: needs a `vllm:` section
+        if "device" in self.model:
+            check_device(self.model["device"], "model.device")
+        for w in self.workers:
+            if w.engine == "vllm" and w.device is not None:
+                raise ConfigError(f"workers.{w.name}.device", w.device,
+                                  "vLLM instances run on vllm.device (and their gpus)")
+            check_worker_gpus(w.name, self.device_of(w), w.gpus, w.engine)
+            if w.engine == "vllm" and w.gpus and w.cores is not None:
+                raise ConfigError(f"workers.{w.name}.cores", w.cores,
+                                  "a GPU instance is not pinned to CPUs (cores are for the "
+                                  "CPU build)")
         supported = backend_class(self.engine).wire_dtypes
         for where, link in (("link", self.link), ("intra_link", self.intra_link)):
             if link.wire_dtype is not None and link.wire_dtype not in supported:
@@ -204,6 +220,15 @@ class Topology:
     @property
     def engine(self) -> str:
         return self.workers[0].engine
+
+    def device_of(self, worker: WorkerSpec) -> str:
+        """Where `worker` computes: its own `device`, else the topology's for its engine
+        (`model.device` native, `vllm.device` vLLM), else cpu."""
+        if worker.device is not None:
+            return worker.device
+        if worker.engine == "vllm":
+            return self.vllm.device if self.vllm is not None else "cpu"
+        return str(self.model.get("device", "cpu"))
 
     def worker(self, name: str) -> WorkerSpec:
         for w in self.workers:
@@ -270,7 +295,9 @@ class Topology:
                          "kv_port": w.kv_port, "max_batch": w.max_batch,
                          **({"engine": w.engine, "cores": w.cores, "vllm_args": list(w.vllm_args),
                              "events_port": w.events_port}
-                            if w.engine != DEFAULT_ENGINE else {})} for w in self.workers],
+                            if w.engine != DEFAULT_ENGINE else {}),
+                         **({"device": w.device} if w.device is not None else {}),
+                         **({"gpus": list(w.gpus)} if w.gpus else {})} for w in self.workers],
             **({"vllm": self.vllm.to_dict()} if self.vllm is not None else {}),
         }
 
@@ -322,16 +349,19 @@ def _compression(raw: object, where: str) -> str:
 def _worker(raw: object, index: int, default_engine: str) -> WorkerSpec:
     m = _mapping(raw, f"workers[{index}]")
     _keys(m, {"name", "role", "host", "port", "kv_port", "max_batch", "engine", "cores",
-              "vllm_args", "events_port"}, f"workers[{index}]")
+              "vllm_args", "events_port", "device", "gpus"}, f"workers[{index}]")
     if "name" not in m or "role" not in m:
         raise ConfigError(f"workers[{index}]", m, "needs a name and a role")
-    cores = m.get("cores")
+    cores, device = m.get("cores"), m.get("device")
     return WorkerSpec(str(m["name"]), m["role"], str(m.get("host", "127.0.0.1")),
                       int(m.get("port", 0)), int(m.get("kv_port", 0)), int(m.get("max_batch", 16)),
                       engine=str(m.get("engine", default_engine)),
                       cores=None if cores is None else str(cores),
                       vllm_args=tuple(str(a) for a in m.get("vllm_args", ())),
-                      events_port=int(m.get("events_port", 0)))
+                      events_port=int(m.get("events_port", 0)),
+                      device=None if device is None else check_device(
+                          device, f"workers.{m['name']}.device"),
+                      gpus=parse_gpus(m.get("gpus"), f"workers.{m['name']}.gpus"))
 
 
 def _profile(top: object, in_policy: object, base: Path | None) -> str:

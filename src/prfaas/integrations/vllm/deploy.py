@@ -24,7 +24,7 @@ from prfaas.integrations.vllm.server import PINNED_SPIN_S, VllmSpec, parse_cores
 from prfaas.integrations.vllm.tls_front import start_front
 from prfaas.serve.engines import RUN_DIR_ENV
 from prfaas.serve.topology import Topology, WorkerSpec
-from prfaas.serve.vllm_settings import VllmSettings
+from prfaas.serve.vllm_settings import GPU_MEMORY_SHARE, VllmSettings
 
 
 def settings(topology: Topology) -> VllmSettings:
@@ -65,7 +65,23 @@ def worker_spec(topology: Topology, worker: WorkerSpec,
                     max_model_len=s.max_model_len,
                     max_num_batched_tokens=s.max_num_batched_tokens, kv_cache_gib=s.kv_cache_gib,
                     cores=worker.cores, idle_spin_s=idle_spin_s(topology, worker),
-                    args=(*s.args, *worker.vllm_args, *events, *(("--uds", uds) if uds else ())))
+                    args=(*s.args, *worker.vllm_args, *events, *(("--uds", uds) if uds else ())),
+                    device=s.device, gpus=worker.gpus,
+                    gpu_memory_utilization=gpu_memory_utilization(topology, worker))
+
+
+def gpu_memory_utilization(topology: Topology, worker: WorkerSpec) -> float | None:
+    """A GPU instance's --gpu-memory-utilization: the topology's number, or with `auto`
+    GPU_MEMORY_SHARE divided by the most instances on this host that share one of its GPUs
+    (two instances on GPU 0: 0.45 each); None on the CPU."""
+    s = settings(topology)
+    if s.device != "cuda":
+        return None
+    if s.gpu_memory_utilization is not None:
+        return s.gpu_memory_utilization
+    sharing = max(sum(1 for w in topology.workers if w.engine == "vllm" and w.host == worker.host
+                      and gpu in w.gpus) for gpu in worker.gpus)
+    return round(GPU_MEMORY_SHARE / max(sharing, 1), 4)
 
 
 def idle_spin_s(topology: Topology, worker: WorkerSpec) -> float | None:

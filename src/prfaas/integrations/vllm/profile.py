@@ -189,7 +189,12 @@ def profile_topology(topology: Any, url: str | None = None, log_dir: str | None 
     import tempfile
 
     from prfaas.engine.profiler import cpu_model
-    from prfaas.integrations.vllm.deploy import idle_spin_s, prepare, settings
+    from prfaas.integrations.vllm.deploy import (
+        gpu_memory_utilization,
+        idle_spin_s,
+        prepare,
+        settings,
+    )
     from prfaas.integrations.vllm.reference import reference_spec
     from prfaas.integrations.vllm.server import VllmInstance
     from prfaas.serve.topology import free_port
@@ -203,7 +208,9 @@ def profile_topology(topology: Any, url: str | None = None, log_dir: str | None 
     first = next((w for w in topology.workers if w.role in ("prfaas", "pd-p")), None)
     cores = first.cores if first else None
     # as that worker runs in the deployment: its cores and its vLLM idle spin (deploy.py)
-    spec = reference_spec(s, free_port(), cores, idle_spin_s(topology, first) if first else None)
+    spec = reference_spec(s, free_port(), cores, idle_spin_s(topology, first) if first else None,
+                          first.gpus if first else (),
+                          gpu_memory_utilization(topology, first) if first else None)
     logs = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-profile-"))
     twin = VllmInstance(replace(spec, port=free_port()), logs / "vllm-profile-twin.log") \
         if first is not None and _shares_cores(topology, first.name) else None

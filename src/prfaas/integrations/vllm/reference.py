@@ -52,11 +52,17 @@ def deployment_with_reference(topo: Topology, log_dir: Path, with_reference: boo
 
 
 def reference_spec(s: VllmSettings, port: int, cores: str | None = None,
-                   idle_spin_s: float | None = None) -> VllmSpec:
+                   idle_spin_s: float | None = None, gpus: tuple[int, ...] = (),
+                   gpu_memory_utilization: float | None = None) -> VllmSpec:
+    """A standalone instance of the topology's model; on `vllm.device: cuda` on `gpus`
+    (default GPU 0) and never pinned to `cores`."""
+    gpu = s.device == "cuda"
     return VllmSpec(s.model_dir, port, served_name=s.served_name, kv_role=None,
                     max_model_len=s.max_model_len, max_num_batched_tokens=s.max_num_batched_tokens,
-                    kv_cache_gib=s.kv_cache_gib, cores=cores, args=s.args,
-                    idle_spin_s=idle_spin_s)
+                    kv_cache_gib=s.kv_cache_gib, cores=None if gpu else cores, args=s.args,
+                    idle_spin_s=idle_spin_s, device=s.device,
+                    gpus=(gpus or (0,)) if gpu else (),
+                    gpu_memory_utilization=gpu_memory_utilization if gpu else None)
 
 
 def complete(url: str, served_name: str, prompt: str | list[int], max_tokens: int,

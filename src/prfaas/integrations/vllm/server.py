@@ -1,5 +1,10 @@
 """Start and stop one vLLM OpenAI server (CPU build here, CUDA elsewhere) with PrfaasConnector.
 
+A spec on `device: cuda` is the CUDA build's command: its GPUs as CUDA_VISIBLE_DEVICES (mapped
+through the caller's own, serve/gpus.py), `--gpu-memory-utilization`, `--tensor-parallel-size`
+for several GPUs, and none of the CPU build's settings (core pinning, VLLM_CPU_KVCACHE_SPACE,
+VLLM_CPU_OMP_THREADS_BIND).
+
 `VllmInstance(spec).start()` spawns `python -m vllm.entrypoints.openai.api_server` (the module
 form works without the `vllm` metadata shim; `launch.py` in its place when the spec sets vLLM's
 idle spin, `idle_spin_s`, or receives KV: stream_params.py) in its own process group, logs to a
@@ -26,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from prfaas.core.errors import PrfaasError
+from prfaas.core.errors import ConfigError, PrfaasError
 from prfaas.serve.cores import parse_cores, pin
+from prfaas.serve.gpus import gpu_env
 from prfaas.serve.vllm_settings import check_idle_spin
 
 KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
@@ -64,9 +70,22 @@ class VllmSpec:
     # every instance that was killed)
     rpc_dir: str | None = None
     idle_spin_s: float | None = None  # None: vLLM's own (1 s); else launch.py sets it
+    device: str = "cpu"  # cpu: the vllm-cpu build; cuda: the CUDA build, on `gpus`
+    gpus: tuple[int, ...] = ()  # cuda: the caller's GPU indices (CUDA_VISIBLE_DEVICES)
+    gpu_memory_utilization: float | None = None  # cuda: vLLM's default (0.9) when None
 
     def __post_init__(self) -> None:
         check_idle_spin(self.idle_spin_s, "idle_spin_s")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError("device", self.device, "must be cpu or cuda")
+        if self.on_gpu and self.cores is not None:
+            raise ConfigError("cores", self.cores, "a GPU instance is not pinned to CPUs")
+        if not self.on_gpu and (self.gpus or self.gpu_memory_utilization is not None):
+            raise ConfigError("gpus", list(self.gpus), "GPU settings on a cpu instance")
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
 
     @property
     def url(self) -> str:
@@ -88,6 +107,11 @@ class VllmSpec:
                str(self.max_model_len), "--max-num-batched-tokens",
                str(self.max_num_batched_tokens), "--seed", "0",
                "--enable-prompt-tokens-details", *self.args]  # usage reports cached tokens
+        if self.on_gpu:
+            if self.gpu_memory_utilization is not None:
+                cmd += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:.4g}"]
+            if len(self.gpus) > 1 and not _has_flag(self.args, "--tensor-parallel-size", "-tp"):
+                cmd += ["--tensor-parallel-size", str(len(self.gpus))]
         kv = self.kv_config()
         if kv is not None:
             cmd += ["--kv-transfer-config", json.dumps(kv)]
@@ -111,9 +135,15 @@ class VllmSpec:
         pin(self.cores)
 
     def environ(self) -> dict[str, str]:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE":
-               str(self.kv_cache_gib), "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1",
-               "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+               "VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        if self.on_gpu:
+            for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
+                         "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+                env.pop(name, None)
+            env.update(gpu_env(self.gpus, os.environ))
+        else:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
         if self.cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cores
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -123,6 +153,10 @@ class VllmSpec:
             env[RPC_DIR_ENV] = self.rpc_dir
         env.update(self.env)
         return env
+
+
+def _has_flag(args: tuple[str, ...], *names: str) -> bool:
+    return any(a in names or a.split("=", 1)[0] in names for a in args)
 
 
 class VllmInstance:

@@ -9,7 +9,9 @@ process that exits, with backoff; nothing but `stop()` ends the deployment. `sto
 SIGTERM, waits, then SIGKILLs what is left; it is also the context manager's exit. Workers
 whose host is not this one, and those named `external`, are expected to be run by someone
 else. With `link.emulation: netns` it first creates the shaped namespace
-(serve/deploy/netns.py), runs the PrfaaS workers inside it and removes it on stop.
+(serve/deploy/netns.py), runs the PrfaaS workers inside it and removes it on stop. Before any
+process starts, every worker it starts that asks for a GPU must have it on this host
+(serve/gpus.py: one line naming the worker and the device otherwise).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from prfaas.security.tls import Identity
 from prfaas.serve.deploy.netns import NetnsLink
 from prfaas.serve.deploy.supervisor import Supervisor
 from prfaas.serve.engines import RUN_DIR_ENV, engine_backend
+from prfaas.serve.gpus import check_devices
 from prfaas.serve.topology import Topology
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0")
@@ -100,6 +103,7 @@ class Deployment:
             starts = frozenset(w.name for w in self.topology.workers
                                if w.host in local and w.name not in self.external)
             self.topology = engine_backend(self.topology).launch_topology(starts, self._run_dir)
+            check_devices(self.topology, [w for w in self.topology.workers if w.name in starts])
             self.topology.dump(path)
             backend = engine_backend(self.topology)
             backend.prepare()  # e.g. vLLM: build the tiny model once, before any instance

@@ -239,7 +239,8 @@ class DecodeWorker:
             return CacheDelta()
         for layer, state in snapshots.items():
             # the engine's LinearStore keeps snapshots by length; the shipped one is exact
-            kv.stores[layer].snapshots[snap_at] = state  # type: ignore[union-attr]
+            placed = self.engine.place_state(state)
+            kv.stores[layer].snapshots[snap_at] = placed  # type: ignore[union-attr]
         boundaries = [b for b in range(1, len(token_ids) // self.block_size_tokens + 1)
                       if _has_state_at(kv, b * self.block_size_tokens)]
         return self.store.insert(kv, token_ids, boundaries)

@@ -49,23 +49,20 @@ def token_digest(token_ids: Sequence[int], ship_from: int, num_tokens: int) -> s
 
 
 def model_identity(engine: Any) -> str:
-    """SHA-256 of the engine's config (every field) and of every weight, in name order."""
-    h = hashlib.sha256(json.dumps(dataclasses.asdict(engine.config), sort_keys=True,
-                                  default=str).encode())
-    model = getattr(engine, "model", None)
-    if model is None:  # the emulated engine has no weights: its KV layout is its model
+    """SHA-256 of the engine's config (every field but where it runs: device and dtype) and
+    of its weights (the engine's `weights_sha256`: every weight's float32 bytes, in name
+    order), so a bf16 GPU prefill and an fp32 CPU decoder of one model agree, and two models
+    that differ in one weight or one shape do not."""
+    config = engine.config
+    fields = (config.identity_fields() if hasattr(config, "identity_fields")
+              else dataclasses.asdict(config))
+    h = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode())
+    digest = getattr(engine, "weights_sha256", None)
+    if digest is None:  # the emulated engine has no weights: its KV layout is its model
         h.update(repr(getattr(engine, "layout", None)).encode())
         return h.hexdigest()
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().contiguous().reshape(-1).view(dtype=_uint8()).numpy().data)
+    h.update(str(digest).encode())
     return h.hexdigest()
-
-
-def _uint8() -> Any:
-    import torch  # the workers have torch; the manifest's other users need not
-
-    return torch.uint8
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,18 +67,21 @@ class PrefixStore:
 
     def insert(self, kv: SequenceKV, token_ids: list[int], boundaries: list[int] | None = None
                ) -> CacheDelta:
-        """Keep `kv` (cut at its last full block); index every boundary, or only the given
-        block counts when the entry has no state elsewhere."""
+        """Keep `kv` cut at the last full block it holds a state at; index every boundary
+        it has a state at (a linear layer's snapshots may be sparser than the blocks:
+        `snapshot_every_blocks`), or only the given block counts."""
         delta = CacheDelta()
         num_blocks = min(kv.num_tokens, len(token_ids)) // self.block_size_tokens
         if num_blocks == 0:
             return delta
         hashes = self.hashes(token_ids[: num_blocks * self.block_size_tokens])
-        wanted = set(boundaries) if boundaries is not None else set(range(1, num_blocks + 1))
+        wanted = set(boundaries) if boundaries is not None else {
+            b for b in range(1, num_blocks + 1) if has_state_at(kv, b * self.block_size_tokens)}
         keep = {i: h for i, h in enumerate(hashes) if (i + 1) in wanted}
         if not keep or all(h in self._index for h in keep.values()):
             return delta  # nothing new: do not spend bytes on a duplicate
-        cut = kv.snapshot_at(num_blocks * self.block_size_tokens)
+        last = max(keep) + 1 if boundaries is None else num_blocks
+        cut = kv.snapshot_at(last * self.block_size_tokens)
         entry = _Entry(cut, list(keep.values()), cut.held_bytes())
         if entry.nbytes > self.capacity_bytes:
             return delta
@@ -113,3 +116,13 @@ class PrefixStore:
 
     def all_hashes(self) -> list[int]:
         return list(self._index)
+
+
+def has_state_at(kv: SequenceKV, num_tokens: int) -> bool:
+    """Whether every layer of `kv` can continue from `num_tokens` (a linear layer needs its
+    state there: a snapshot, or its current state)."""
+    for store in kv.stores:
+        snapshots = getattr(store, "snapshots", None)
+        if snapshots is not None and num_tokens not in snapshots and store.num_tokens != num_tokens:
+            return False
+    return True
