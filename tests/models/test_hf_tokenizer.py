@@ -114,8 +114,15 @@ def test_cli_writes_the_served_models_folder(tmp_path: Path) -> None:
 
     from prfaas.cli.tokenizer import command
 
-    result = CliRunner().invoke(command, ["--out", str(tmp_path / "tok")])
+    result = CliRunner().invoke(command, ["--out", str(tmp_path / "tok"), "--hf-cache",
+                                          str(tmp_path / "hub")])
     assert result.exit_code == 0, result.output
     assert "--model prfaas-tiny-kda" in result.output
     tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
     assert tok.encode("hi").ids == REF.encode("hi")
+    # the hub-cache copy resolves by repo id offline, as a client's snapshot lookup does
+    hub = pytest.importorskip("huggingface_hub")
+    snap = hub.snapshot_download("prfaas/prfaas-tiny-kda", cache_dir=str(tmp_path / "hub"),
+                                 local_files_only=True)
+    assert (Path(snap) / "tokenizer.json").read_bytes() == (
+        tmp_path / "tok" / "tokenizer.json").read_bytes()
