@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit unit-nosimd bench clean venv vllm vllm-nixl demo-vllm bench-vllm \
-	clients bench-clients
+	clients bench-clients bench-clients-quick
 VLLM_STAMP := $(VENV)/.vllm-installed
 
 $(STAMP): pyproject.toml
@@ -46,16 +46,21 @@ bench-vllm: vllm-nixl
 CLIENTS_DIR := .clients
 CLIENT_NAMES := guidellm aiperf
 CLIENT_REQS := benchmarks/clients
-$(CLIENTS_DIR)/%/.installed: $(CLIENT_REQS)/%.txt $(CLIENT_REQS)/constraints.txt
+$(CLIENTS_DIR)/%/.installed: $(CLIENT_REQS)/%.txt $(CLIENT_REQS)/%.lock $(CLIENT_REQS)/constraints.txt
 	@test -x $(CLIENTS_DIR)/$*/bin/python || $(PY) -m venv $(CLIENTS_DIR)/$* || python3 -m venv $(CLIENTS_DIR)/$*
 	$(CLIENTS_DIR)/$*/bin/python -m pip install -q --upgrade pip
-	$(CLIENTS_DIR)/$*/bin/python -m pip install -q -r $(CLIENT_REQS)/$*.txt -c $(CLIENT_REQS)/constraints.txt
+	$(CLIENTS_DIR)/$*/bin/python -m pip install -q -r $(CLIENT_REQS)/$*.txt \
+		-c $(CLIENT_REQS)/constraints.txt -c $(CLIENT_REQS)/$*.lock
 	@touch $@
 
 clients: $(CLIENT_NAMES:%=$(CLIENTS_DIR)/%/.installed)
 
 bench-clients: clients $(VLLM_STAMP)
 	$(BIN)/python benchmarks/bench_clients.py --out out/clients
+
+# CI size (docs/clients.md): the native topology, a few minutes once the venvs exist
+bench-clients-quick: clients $(VLLM_STAMP)
+	$(BIN)/python benchmarks/bench_clients.py --quick --out out/clients-quick
 
 demo: $(STAMP)
 	$(BIN)/prfaas reproduce --out out/reproduce

@@ -607,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         "ttft_bound_s": TTFT_BOUND, "clients": results,
         "router_request_log": log_path.name,
     }
+    doc["wall_s"] = time.perf_counter() - t0  # deployment start to the last client's end
     (out / "clients.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out / 'clients.json'}")
     bad = [c for c, r in results.items() if r["errors"] or not r["ttft_agreement"]["within_bound"]
