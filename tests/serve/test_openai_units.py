@@ -107,7 +107,10 @@ def test_echo_allows_max_tokens_zero_and_sampling_dict() -> None:
     assert req.max_tokens == 0 and req.prompt_text == "hi"
     assert req.sampling()["prompt_logprobs"] == 1
     plain = _parse(BASE["completions"]).sampling()
-    assert set(plain) == {"temperature", "top_p", "seed", "ignore_eos"}  # old keys only
+    assert set(plain) == {"temperature", "top_p", "ignore_eos"}  # old keys only
+    # a seed goes to the workers only when the client sent one (vLLM then samples unseeded,
+    # as its own server does; prfaas' workers default to seed 0 either way)
+    assert _parse({**BASE["completions"], "seed": 0}).sampling()["seed"] == 0
 
 
 def _feed(stops: tuple[str, ...], text: bytes, min_tokens: int = 0) -> tuple[list[str], StopText]:

@@ -62,13 +62,19 @@ class GenRequest:
     prompt_text: str = ""  # the prompt as text (echo)
     n: int = 1
     best_of: int = 1  # sequences generated (>= n); the n with the highest logprob are returned
+    # the client sent `seed`: only then is it passed on. Without one prfaas' workers draw with
+    # seed 0 (their default) and vLLM unseeded, as its own server does (a seeded vLLM-CPU
+    # request whose prefill is chunked crashes its engine: docs/clients.md)
+    seed_given: bool = False
     include_usage: bool = False  # a closing usage chunk (stream_options.include_usage)
     continuous_usage: bool = False  # usage in every chunk (stream_options.continuous_usage_stats)
 
     def sampling(self) -> dict[str, Any]:
         """The /generate `sampling` dict (the decode worker reads it)."""
         out: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p,
-                               "seed": self.seed, "ignore_eos": self.ignore_eos}
+                               "ignore_eos": self.ignore_eos}
+        if self.seed_given:
+            out["seed"] = self.seed
         extra: dict[str, Any] = {
             "top_k": self.top_k, "min_p": self.min_p, "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
@@ -224,4 +230,5 @@ def _parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: in
         stop_token_ids=op.token_ids(body, "stop_token_ids", vocab),
         logprobs=op.logprobs(body, chat), echo=echo,
         prompt_text=tokenizer.decode(ids) if echo else "", n=n, best_of=best_of,
-        include_usage=usage, continuous_usage=continuous)
+        include_usage=usage, continuous_usage=continuous,
+        seed_given=body.get("seed") is not None)
