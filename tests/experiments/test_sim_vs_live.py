@@ -692,8 +692,7 @@ def test_committed_results_follow_the_schema_and_recompute(path: Path) -> None:
 def test_a_committed_run_replays_its_own_workloads_and_refuses_another() -> None:
     """A run's workloads rebuild from its JSON (same seed, lengths, arrivals), for
     re-simulating it with another model; a run whose recorded lengths differ is refused."""
-    if not RUNS:
-        pytest.skip("no committed sim-vs-live run yet")  # (the results folder ships them)
+    assert {p.name.split("_run")[0] for p in RUNS} == {"native", "vllm"}  # the docs cite both
     doc = json.loads(RUNS[0].read_text())
     ctx = 4096 if doc["engine"] == "vllm" else CTX
     options, loads = workload.replay_workloads(doc, ctx)
