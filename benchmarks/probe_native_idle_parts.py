@@ -66,7 +66,7 @@ def main() -> None:
 
     from prfaas.engine.engine import Engine
     from prfaas.experiments.runs import deployed
-    from prfaas.experiments.sim_vs_live import free_ports, served_model
+    from prfaas.experiments.sim_vs_live.live import free_ports, served_model
     from prfaas.serve.native import engine_config
     from prfaas.serve.topology import load_topology
 
