@@ -447,3 +447,122 @@ def test_block_layout_puts_tokens_first_and_back(layout: str) -> None:
     assert torch.equal(back.view(torch.int16), cache.view(torch.int16))
     with pytest.raises(Exception, match="neither"):
         BlockLayout(h, n, 2 * d).token_major(cache, dim)  # a head size that does not fit
+
+
+# -- the producer's layers through the layer shipper (engine/shipper.py) ------------------------
+def _fake_device(**kw: Any) -> Any:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
+    from fake_device import FakeAsyncDevice
+
+    return FakeAsyncDevice(**kw)
+
+
+def _step_on_model_thread(tx: Any, meta: Any) -> threading.Thread:
+    """save_kv_layer then wait_for_save, as vLLM's forward calls them, on a thread of its own."""
+    t = threading.Thread(target=lambda: (tx.save_layer(meta, ATTN, tx.caches[ATTN]),
+                                         tx.end_step(meta)), name="model", daemon=True)
+    t.start()
+    return t
+
+
+def _save_meta(tid: int, port: int) -> Any:
+    from prfaas.integrations.vllm.metadata import PrfaasMetadata, SaveJob
+
+    return PrfaasMetadata(saves=[SaveJob(f"p-{tid}", tid, ("127.0.0.1", port),
+                                         (([], 0), (list(SRC_BLOCKS), 0)), TOKENS, 77, True,
+                                         True, (SRC_SLOT, None))])
+
+
+@pytest.mark.parametrize("path", [
+    "shipper",
+    pytest.param("naive", marks=pytest.mark.xfail(
+        strict=True, reason="negative control: .cpu() per layer waits on the model thread")),
+])
+def test_the_producer_step_never_waits_on_the_device_and_lands_every_value(
+        pair: Any, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a fake asynchronous device held closed, vLLM's model thread runs the producer's
+    whole last step (the layer's blocks, the GDN state, the END) while the device has run none
+    of it, and digests nothing itself (the manifest's SHA-256 is taken beside the sender).
+    Once the device runs, the load is complete and every value is in place."""
+    from prfaas.engine.shipper import BlockingShipper, LayerShipper
+    from prfaas.integrations.vllm import kv_security as sec
+
+    digested: list[str] = []
+    real_add = sec.Ledger.add
+
+    def add(self: Any, layer: int, name: str, array: np.ndarray) -> None:
+        digested.append(threading.current_thread().name)
+        real_add(self, layer, name, array)
+
+    monkeypatch.setattr(sec.Ledger, "add", add)
+    rx, port = pair
+    _expect(rx, 11)
+    device = _fake_device(hold=True)
+    tx = _half("SD", producer=True)
+    tx.shipper = (LayerShipper(device, ring_bytes=1 << 20) if path == "shipper"
+                  else BlockingShipper(device))
+    try:
+        model = _step_on_model_thread(tx, _save_meta(11, port))
+        model.join(timeout=5.0)
+        issued_while_held = not model.is_alive()
+        device.open()
+        model.join(timeout=30)
+        assert _outcome(rx, 11) == "ok"
+    finally:
+        tx.shutdown()
+        device.stop()
+    assert torch.equal(rx.caches[ATTN][DST_BLOCKS].view(torch.int16),
+                       tx.caches[ATTN][SRC_BLOCKS].view(torch.int16))
+    assert torch.equal(rx.caches[GDN][DST_SLOT].reshape(-1)[96:],
+                       tx.caches[GDN][SRC_SLOT].reshape(-1)[96:])
+    with open(rx._trace_path) as f:
+        received = sum(e["bytes"] for e in map(json.loads, f) if e["ev"] == "tensor")
+    assert tx.take_sent_bytes() == {"p-11": received}
+    assert len(digested) == 3 and "model" not in digested  # meta, blocks, state page
+    assert issued_while_held, "the model thread waited for the device"
+    assert device.waits_of("model") == []
+
+
+def test_a_failed_device_copy_is_a_failed_load_never_a_partial_one(pair: Any) -> None:
+    """The layer's blocks fail to copy off the device: the producer aborts the transfer (the
+    receiver hears it at once, not at its timeout) and vLLM is told the load failed."""
+    from prfaas.engine.shipper import LayerShipper
+
+    rx, port = pair
+    _expect(rx, 12)
+    device = _fake_device(fail_copy=1)  # the first copy: the attention blocks
+    tx = _half("SD", producer=True)
+    tx.shipper = LayerShipper(device, ring_bytes=1 << 20)
+    try:
+        t0 = time.monotonic()
+        meta = _save_meta(12, port)
+        tx.save_layer(meta, ATTN, tx.caches[ATTN])
+        tx.end_step(meta)
+        outcome = _outcome(rx, 12)
+        took_s = time.monotonic() - t0
+    finally:
+        tx.shutdown()
+        device.stop()
+    assert outcome.startswith("failed") and "fake DMA fault" in outcome, outcome
+    assert took_s < 10.0  # the ABORT, not the 20 s load timeout
+    assert tx.shipper.metrics.failed_tickets == 1
+    assert tx.shipper.ring is not None and tx.shipper.ring.used_bytes == 0
+
+
+def test_a_producer_asks_for_piecewise_cuda_graphs_and_a_consumer_does_not() -> None:
+    """FULL graphs would replay the producer's forward without save_kv_layer; a consumer
+    saves nothing and keeps them (the extra configs are the ones the deployment writes)."""
+    from prfaas.integrations.vllm.connector import PrfaasConnector
+    from prfaas.integrations.vllm.deploy import worker_spec
+    from prfaas.serve.topology import load_topology
+
+    topo = load_topology(Path(__file__).resolve().parents[3] / "topologies"
+                         / "vllm-local.yaml").with_ports()
+    specs = {w.role: worker_spec(topo, w) for w in topo.workers}
+    assert {r: s.kv_role for r, s in specs.items()} == {
+        "prfaas": "kv_producer", "pd-p": "kv_producer", "pd-d": "kv_consumer"}
+    for role, spec in specs.items():
+        assert PrfaasConnector.requires_piecewise_for_cudagraph(spec.extra) is (role != "pd-d")
+    assert PrfaasConnector.requires_piecewise_for_cudagraph({"rate_gbps": 0.05}) is True

@@ -87,7 +87,7 @@ def conv_to_wire(slot: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
                  layout: str) -> torch.Tensor:
     """A copy of one state slot (part 0 of a Mamba layer) with its conv state in WIRE_CONV_LAYOUT;
     `shape` is the conv state's local shape, `layout` the local "SD" or "DS"."""
-    out = slot.detach().to("cpu").contiguous().clone()
+    out = slot.detach().contiguous().clone()  # on the slot's device (the shipper copies it)
     if layout != WIRE_CONV_LAYOUT:
         conv = _conv_region(out, shape, dtype)
         conv.view(-1).copy_(conv.transpose(-1, -2).contiguous().view(-1))

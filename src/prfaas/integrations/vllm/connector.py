@@ -7,6 +7,10 @@ Load it out of tree:
 (`kv_consumer` with `"kv_port": N` on the decode instance). Per-request instructions travel in
 the OpenAI body's `kv_transfer_params` (params.py). The scheduler half (EngineCore process) and
 the worker half (Worker process) are separate objects of this class, by `role`.
+A producer sends layer by layer from `save_kv_layer`, so on a GPU it asks vLLM for PIECEWISE
+CUDA graphs (`requires_piecewise_for_cudagraph`): FULL graphs replay the forward without the
+Python that calls it. Its layers leave the GPU through the layer shipper (engine/shipper.py):
+a copy stream, a pinned host ring, events; `wait_for_save` waits for nothing on the host.
 """
 
 from __future__ import annotations
@@ -40,6 +44,12 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
+def sends_kv(extra: dict[str, Any] | None) -> bool:
+    """Whether an instance with this `kv_connector_extra_config` is a producer: a consumer is
+    told its receiver's `kv_port` (deploy.py writes it for `pd-d` workers only)."""
+    return (extra or {}).get("kv_port") is None
+
+
 def _model_id(vllm_config: VllmConfig, extra: dict[str, Any]) -> str:
     """The manifest's model identity: an operator's pinned value, else the model folder's
     files and the settings that change the KV's bytes (dtype, mamba state dtypes)."""
@@ -68,6 +78,12 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):
             if tc.is_kv_consumer:  # a resumed request's seeded sampling goes on (seed_offset)
                 seed_offset.install(bool(getattr(vllm_config.model_config, "use_fp64_gumbel",
                                                  False)))
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """A producer (no `kv_port`: it sends) saves layer by layer inside the forward;
+        a consumer's decode steps keep FULL graphs (it saves nothing)."""
+        return sends_kv(extra_config)
 
     def _meta(self) -> PrfaasMetadata:
         meta = self._get_connector_metadata()
@@ -133,6 +149,8 @@ class PrfaasConnector(KVConnectorBase_V1, SupportsHMA):
             self._w().save_layer(self._meta(), layer_name, kv_layer)
 
     def wait_for_save(self) -> None:
+        # the step's reads of the paged cache are ordered before its next writes on the device;
+        # the copies to the host and the network are the sender's (never waited for here)
         if self._w().send is not None and self.has_connector_metadata():
             self._w().end_step(self._meta())
 

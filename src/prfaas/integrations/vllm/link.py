@@ -5,7 +5,10 @@ is asyncio. Each side runs its own event loop in a daemon thread:
 - `SendLink.submit(dest, item)` queues a tensor, an END or an ABORT for one transfer and returns
   at once (the forward goes on with the next layer); one ordered queue and one `KVSender`
   (N TCP connections, the shaped link's token bucket) per destination. A broken connection
-  fails the transfers that used it and the next transfer reconnects.
+  fails the transfers that used it and the next transfer reconnects. A `Staged` item is a
+  tensor still on its way off the device: its `resolve` runs in a thread beside the sender
+  (waits for the copy, converts, digests for the manifest) and gives the tensors that travel;
+  when it raises, the transfer fails whole: an ABORT goes to the receiver, never its END.
 - `RecvLink` runs a `KVReceiver`; every complete tensor goes to `on_tensor` (in the receiver's
   thread) and every expected transfer ends as one `Result` (ok, or the transport's error).
 A finished transfer's `Result.wire_bytes` is what crossed the link (DATA payload bytes,
@@ -43,10 +46,23 @@ class Tensor:
     bfloat16: bool = False
 
 
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    transfer_id: int
+    resolve: Callable[[], list[Tensor]]  # beside the sender: may wait, may raise
+    discard: Callable[[], None] = _nothing  # its transfer failed: give its memory back unread
+
+
 @dataclass(frozen=True, slots=True)
 class Finish:
     transfer_id: int
-    manifest: bytes = b""  # travels in the END frame (kv_security.py)
+    # travels in the END frame (kv_security.py); a callable is encoded beside the sender, once
+    # every tensor queued before it was digested
+    manifest: bytes | Callable[[], bytes] = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +71,7 @@ class Abort:
     reason: str
 
 
-Item = Tensor | Finish | Abort
+Item = Tensor | Staged | Finish | Abort
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +137,7 @@ class SendLink(_Loop):
     def submit(self, dest: Dest, item: Item, rate_gbps: float | None = None) -> None:
         """Thread-safe and non-blocking; items of one destination go out in submit order.
         `rate_gbps`: a link rate other than the configured one (its own sender)."""
-        if isinstance(item, Tensor):
+        if isinstance(item, Tensor | Staged):
             self._first.setdefault(item.transfer_id, time.monotonic())
         self.loop.call_soon_threadsafe(self._put, (dest[0], dest[1], rate_gbps), item)
 
@@ -141,45 +157,79 @@ class SendLink(_Loop):
         while True:
             item = await queue.get()
             tid = item.transfer_id
-            try:
-                if tid in failed:
-                    if not isinstance(item, Tensor):
-                        self._end(tid, failed.pop(tid))
+            if isinstance(item, Staged):
+                staged = await self._resolve(item, failed)
+                if staged is None:  # failed now or before: the receiver was told, or will be
+                    if tid in failed and sender is not None and tid in open_tids:
+                        open_tids.discard(tid)
+                        with contextlib.suppress(TransportError):
+                            await sender.abort(tid, failed[tid])
                     continue
-                if sender is not None and tid not in open_tids and sender.peer_closed():
-                    # the receiver went away since the last transfer (a decoder restarted on
-                    # the same port): a new transfer starts on new connections; the open ones
-                    # had their frames on the old, so they fail
-                    for other in open_tids:
-                        failed[other] = f"PeerGone: {dest[0]}:{dest[1]} closed the connection"
-                    open_tids.clear()
-                    await sender.close()
-                    sender = None
-                if sender is None:
-                    sender = self._sender(dest, config)
-                    await sender.connect()
-                open_tids.add(tid)
-                if isinstance(item, Tensor):
-                    await sender.send_array(tid, item.layer, "gqa", item.name, item.array,
-                                            bfloat16=item.bfloat16)
-                elif isinstance(item, Finish):
-                    open_tids.discard(tid)
-                    wire = await sender.finish(tid, manifest=item.manifest)
-                    self._end(tid, None, wire)
-                else:
-                    open_tids.discard(tid)
-                    await sender.abort(tid, item.reason)
-                    self._end(tid, f"aborted: {item.reason}")
-            except TransportError as exc:
-                failed[tid] = f"{type(exc).__name__}: {exc}"
-                for other in open_tids - {tid}:  # their frames were on the closed connections
-                    failed[other] = failed[tid]
-                open_tids.clear()
-                if sender is not None:
-                    await sender.close()
-                    sender = None
+                items: list[Item] = list(staged)
+            else:
+                items = [item]
+            for one in items:
+                sender = await self._one(one, dest, config, sender, failed, open_tids)
+
+    async def _resolve(self, item: Staged, failed: dict[int, str]) -> list[Tensor] | None:
+        """The staged tensors (in a thread: it waits for the device); None when the transfer
+        failed (before: its memory is given back unread; now: `failed` says why)."""
+        tid = item.transfer_id
+        if tid in failed:
+            await asyncio.to_thread(item.discard)
+            return None
+        try:
+            return await asyncio.to_thread(item.resolve)
+        except Exception as exc:  # a device copy or a conversion failed: the transfer fails
+            failed[tid] = f"{type(exc).__name__}: {exc}"
+            return None
+
+    async def _one(self, item: Item, dest: Dest, config: SenderConfig, sender: KVSender | None,
+                   failed: dict[int, str], open_tids: set[int]) -> KVSender | None:
+        """Send one item on the destination's sender (opened or replaced as needed); returns
+        the sender to use next."""
+        tid = item.transfer_id
+        try:
+            if tid in failed:
                 if not isinstance(item, Tensor):
                     self._end(tid, failed.pop(tid))
+                return sender
+            if sender is not None and tid not in open_tids and sender.peer_closed():
+                # the receiver went away since the last transfer (a decoder restarted on
+                # the same port): a new transfer starts on new connections; the open ones
+                # had their frames on the old, so they fail
+                for other in open_tids:
+                    failed[other] = f"PeerGone: {dest[0]}:{dest[1]} closed the connection"
+                open_tids.clear()
+                await sender.close()
+                sender = None
+            if sender is None:
+                sender = self._sender(dest, config)
+                await sender.connect()
+            open_tids.add(tid)
+            if isinstance(item, Tensor):
+                await sender.send_array(tid, item.layer, "gqa", item.name, item.array,
+                                        bfloat16=item.bfloat16)
+            elif isinstance(item, Finish):
+                open_tids.discard(tid)
+                manifest = item.manifest() if callable(item.manifest) else item.manifest
+                wire = await sender.finish(tid, manifest=manifest)
+                self._end(tid, None, wire)
+            elif isinstance(item, Abort):
+                open_tids.discard(tid)
+                await sender.abort(tid, item.reason)
+                self._end(tid, f"aborted: {item.reason}")
+        except TransportError as exc:
+            failed[tid] = f"{type(exc).__name__}: {exc}"
+            for other in open_tids - {tid}:  # their frames were on the closed connections
+                failed[other] = failed[tid]
+            open_tids.clear()
+            if sender is not None:
+                await sender.close()
+                sender = None
+            if not isinstance(item, Tensor):
+                self._end(tid, failed.pop(tid))
+        return sender
 
     def _sender(self, dest: Dest, config: SenderConfig) -> KVSender:
         if self.tls is None:

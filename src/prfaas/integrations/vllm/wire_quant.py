@@ -25,6 +25,7 @@ import torch
 
 from prfaas.core.errors import TransportError
 from prfaas.integrations.vllm.params import FP8
+from prfaas.models.kv import WIRE_SCALE_BLOCK_TOKENS
 from prfaas.transport.quant import (
     SCALE_SUFFIX,
     coarse_int4_per_tensor,
@@ -58,6 +59,17 @@ class BlockLayout:
                                  f"{dim}) are neither [n, {h}, {n}, {2 * d}] nor "
                                  f"[2, n, {n}, {h}, {d}]")
         return int(blocks.shape[dim])
+
+    def codes(self, num_blocks: int) -> int:
+        """fp8 codes of `num_blocks` blocks (one byte each): [n*N, H, 2, D]."""
+        return num_blocks * self.block_size * self.num_kv_heads * 2 * self.head_size
+
+    def wire_nbytes(self, num_blocks: int) -> int:
+        """Bytes of `num_blocks` blocks in fp8 on the wire: the codes and their float32 scales
+        [ceil(n*N / 16), H, 2] (transport/quant.py)."""
+        rows = num_blocks * self.block_size
+        scales = -(-rows // WIRE_SCALE_BLOCK_TOKENS) * self.num_kv_heads * 2
+        return self.codes(num_blocks) + 4 * scales
 
     def token_major(self, blocks: torch.Tensor, dim: int) -> np.ndarray:
         """Gathered blocks -> float32 [n*N, H, 2, D]."""

@@ -19,11 +19,13 @@ request with an error, and the router retries it elsewhere.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,8 @@ import numpy as np
 import torch
 
 from prfaas.core.errors import TransportError
+from prfaas.engine.device_ops import device_ops
+from prfaas.engine.shipper import DEFAULT_RING_BYTES, LayerShipper, Ticket
 from prfaas.integrations.vllm import kv_security as sec
 from prfaas.integrations.vllm.blocks import (
     WIRE_CONV_LAYOUT,
@@ -39,12 +43,11 @@ from prfaas.integrations.vllm.blocks import (
     conv_from_wire,
     conv_to_wire,
     from_wire,
-    gather,
     scatter,
     state_parts,
     to_wire,
 )
-from prfaas.integrations.vllm.link import Abort, Finish, RecvLink, SendLink, Tensor
+from prfaas.integrations.vllm.link import Abort, Finish, RecvLink, SendLink, Staged, Tensor
 from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata, SaveJob
 from prfaas.integrations.vllm.params import FP8, connector_wire_dtype
 from prfaas.integrations.vllm.wire_quant import (
@@ -116,12 +119,14 @@ class WorkerHalf:
         self._trace_lock = threading.Lock()
         self.send: SendLink | None = None
         self.recv: RecvLink | None = None
+        self.shipper: LayerShipper | None = None  # producer: made when the caches are known
+        self._ring_bytes = int(extra.get("ship_ring_bytes", DEFAULT_RING_BYTES))
         self._lock = threading.Lock()
         self._incoming: dict[int, _Incoming] = {}
         self._reported: set[int] = set()
         self._aborted_reqs: set[str] = set()
         self._meta_sent: set[int] = set()
-        self._held: dict[int, list[Tensor]] = {}  # after_prefill transfers' tensors
+        self._held: dict[int, list[Staged]] = {}  # after_prefill transfers' tensors
         self.conv_layout = str(extra.get("conv_state_layout") or _vllm_conv_layout())
         self._last_conv: dict[int, torch.Tensor] = {}  # layer -> last conv received (bytes)
         self._queued_bytes: dict[int, int] = {}  # transfer -> payload bytes queued so far
@@ -151,6 +156,10 @@ class WorkerHalf:
     # -- setup --------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, Any]) -> None:
         self.caches = dict(kv_caches)
+        if self.send is not None:  # the caches' device decides how layers leave it
+            device = next((t.device for c in self.caches.values() for t in state_parts(c)),
+                          None)
+            self.shipper = LayerShipper(device_ops(device), self._ring_bytes)
         for i, name in enumerate(sorted(kv_caches)):
             self.index_of[name] = layer_index(name, i)
         self.name_of = {i: n for n, i in self.index_of.items()}
@@ -213,30 +222,42 @@ class WorkerHalf:
 
     # -- producer -----------------------------------------------------------------------
     def save_layer(self, meta: PrfaasMetadata, layer_name: str, kv_layer: torch.Tensor) -> None:
-        assert self.send is not None
+        """save_kv_layer (model thread): the step's new blocks of this layer start toward the
+        host through the shipper; converting, digesting and sending happen beside the sender."""
+        assert self.send is not None and self.shipper is not None
         g = self.group_of.get(layer_name)
         if g is None:
             return
         layer = self.index_of[layer_name]
+        dim = self._dim(kv_layer)
         for job in meta.saves:
             self._send_meta(job)
             ids, start = job.blocks[g]
             if not ids:
                 continue
-            blocks = gather(kv_layer, ids, self._dim(kv_layer))
+            shape = list(kv_layer.shape)
+            shape[dim] = len(ids)
+            ticket = self.shipper.ship(job.transfer_id,
+                                       functools.partial(self._gather, kv_layer, ids, dim),
+                                       tuple(shape), kv_layer.dtype, keep=(kv_layer,))
             wire = job.wire_dtype or self.wire_dtype
             layout = self.fp8_layouts.get(layer_name)
-            if wire == FP8 and layout is not None and blocks.element_size() > 1:  # (1 byte: fp8)
-                items = [Tensor(job.transfer_id, layer, name, array) for name, array in
-                         encode_blocks(blocks, self._dim(kv_layer), layout,
-                                       job.num_tokens - start * layout.block_size, f"b{start}")]
-            else:
-                array, bf16 = to_wire(blocks)
-                items = [Tensor(job.transfer_id, layer, f"b{start}", array, bf16)]
-            for item in items:
-                self._submit(job, item)
+            if not (wire == FP8 and layout is not None and kv_layer.element_size() > 1):
+                layout = None  # (1 byte: the cache is fp8 already)
+            make = functools.partial(_block_items, ticket, job, layer, start, dim, layout)
+            if layout is None:
+                nbytes, first = ticket.nbytes, (ticket.nbytes // kv_layer.element_size(),
+                                                kv_layer.element_size())
+            else:  # fp8 codes (1 byte each, listed first) and their scales
+                nbytes, first = layout.wire_nbytes(len(ids)), (layout.codes(len(ids)), 1)
+            self._submit(job, make, nbytes, ticket.discard, first)
             self.trace(side="send", tid=job.transfer_id, ev="layer", layer=layer,
-                       blocks=len(ids), bytes=sum(int(i.array.nbytes) for i in items))
+                       blocks=len(ids), bytes=nbytes)
+
+    def _gather(self, cache: torch.Tensor, ids: list[int], dim: int) -> torch.Tensor:
+        """The request's blocks of one layer (on the shipper's copy stream)."""
+        assert self.shipper is not None
+        return cache.index_select(dim, self.shipper.ops.index(ids, cache.device))
 
     def _send_meta(self, job: SaveJob) -> None:
         assert self.send is not None
@@ -248,25 +269,36 @@ class WorkerHalf:
         if fault is not None:
             self._faults[job.transfer_id] = fault
         info = np.array([job.num_tokens, job.fingerprint, self.layout_fingerprint()], np.int64)
-        self._submit(job, Tensor(job.transfer_id, 0, META, info))
+        item = Tensor(job.transfer_id, 0, META, info)
+        self._submit(job, functools.partial(_as_list, item), int(info.nbytes))
 
-    def _submit(self, job: SaveJob, item: Tensor) -> None:
+    def _submit(self, job: SaveJob, make: Callable[[], list[Tensor]], nbytes: int,
+                discard: Callable[[], None] | None = None,
+                first: tuple[int, int] | None = None) -> None:
+        """Queue what `make()` gives (in a thread beside the sender: it may wait for the
+        device) for the transfer; `nbytes`: what it will be on the wire, counted now (the
+        prefill's `kv_bytes` is reported with its last step). `first`: a block tensor's first
+        array's (elements, bytes per element), for the truncate fault."""
         assert self.send is not None
         tid = job.transfer_id
-        self._ledgers.setdefault(tid, sec.Ledger()).add(item.layer, item.name, item.array)
-        if self._faults.get(tid) == "truncate" and item.name.startswith("b"):
-            del self._faults[tid]  # the first block tensor loses its second half on the wire
-            flat = item.array.reshape(-1)
-            item = Tensor(tid, item.layer, item.name, flat[: flat.size // 2], item.bfloat16)
-        self._queued_bytes[tid] = self._queued_bytes.get(tid, 0) + int(item.array.nbytes)
+        ledger = self._ledgers.setdefault(tid, sec.Ledger())
+        truncate = first is not None and self._faults.get(tid) == "truncate"
+        if truncate and first is not None:  # the first block tensor loses its second half
+            del self._faults[tid]
+            nbytes -= (first[0] - first[0] // 2) * first[1]
+        staged = Staged(tid, functools.partial(_digested, make, ledger, truncate),
+                        discard or _nothing)
+        self._queued_bytes[tid] = self._queued_bytes.get(tid, 0) + nbytes
         if job.after_prefill:
-            self._held.setdefault(job.transfer_id, []).append(item)
+            self._held.setdefault(tid, []).append(staged)
         else:
-            self.send.submit(job.dest, item, job.rate_gbps)
+            self.send.submit(job.dest, staged, job.rate_gbps)
 
     def end_step(self, meta: PrfaasMetadata) -> None:
-        """wait_for_save: on a prompt's last step, its recurrent states, then END."""
-        assert self.send is not None
+        """wait_for_save (model thread): on a prompt's last step, its recurrent states, then
+        END. Waits for nothing: the compute stream waits, on the device, for the step's reads
+        of the cache (shipper.end_step); the copies and the network are the sender's."""
+        assert self.send is not None and self.shipper is not None
         for job in meta.saves:
             self._send_meta(job)
             if not job.last:
@@ -279,34 +311,47 @@ class WorkerHalf:
                 slot = job.state_blocks[g] if g is not None and job.state_blocks else None
                 if g is None or slot is None:
                     continue
-                for k, part in enumerate(state_parts(self.caches[name])):
-                    data = part[slot : slot + 1]
-                    if k == 0:  # the conv state (first in a Mamba page) in the wire layout
-                        data = conv_to_wire(data, *self._conv_spec(g), self.conv_layout)
-                    array, bf16 = to_wire(data)
-                    self._submit(job, Tensor(job.transfer_id, self.index_of[name], f"s{k}",
-                                             array, bf16))
-            for item in self._held.pop(job.transfer_id, []):  # send-after-prefill baseline
-                self.send.submit(job.dest, item, job.rate_gbps)
-            self.send.submit(job.dest, Finish(job.transfer_id, self._manifest(job, fault)),
-                             job.rate_gbps)
+                self._ship_state(job, name, g, slot)
+            for staged in self._held.pop(job.transfer_id, []):  # send-after-prefill baseline
+                self.send.submit(job.dest, staged, job.rate_gbps)
+            # the ledger is filled beside the sender; the manifest is encoded there after it
+            ledger = self._ledgers.pop(job.transfer_id, sec.Ledger())
+            manifest = functools.partial(self._manifest, job, fault, ledger)
+            self.send.submit(job.dest, Finish(job.transfer_id, manifest), job.rate_gbps)
             self._meta_sent.discard(job.transfer_id)
             self._sent_bytes[job.req_id] = self._queued_bytes.pop(job.transfer_id, 0)
+            self.shipper.end_request(job.transfer_id)
             self.trace(side="send", tid=job.transfer_id, ev="prefill_end")
+        self.shipper.end_step()
         for tid, dest, rate in meta.abort_sends:
-            self._held.pop(tid, None)
+            for staged in self._held.pop(tid, []):  # given back beside the sender
+                self.send.submit(dest, Staged(tid, _no_tensors, staged.discard), rate)
             self._ledgers.pop(tid, None)
             self._faults.pop(tid, None)
             self._meta_sent.discard(tid)
             self._queued_bytes.pop(tid, None)
+            self.shipper.end_request(tid)
             self.send.submit(dest, Abort(tid, "the prefill request ended before its prompt"),
                              rate)
         for r in self.send.drain():
             self.trace(side="send", tid=r.transfer_id, ev="sent", error=r.error, done=r.done_s,
                        wire=r.wire_bytes)
 
-    def _manifest(self, job: SaveJob, fault: str | None) -> bytes:
-        ledger = self._ledgers.pop(job.transfer_id, sec.Ledger())
+    def _ship_state(self, job: SaveJob, name: str, g: int, slot: int) -> None:
+        """A Mamba/GDN layer's final state slot, once per request (its conv part in the wire
+        layout, converted on the device before the copy)."""
+        assert self.shipper is not None
+        layer = self.index_of[name]
+        for k, part in enumerate(state_parts(self.caches[name])):
+            conv = self._conv_spec(g) if k == 0 else None
+            gather = functools.partial(_state_slot, part, slot, conv, self.conv_layout)
+            ticket = self.shipper.ship(job.transfer_id, gather, (1, *part.shape[1:]),
+                                       part.dtype, keep=(part,))
+            make = functools.partial(_plain_items, ticket, job.transfer_id, layer, f"s{k}")
+            self._submit(job, make, ticket.nbytes, ticket.discard)
+
+    def _manifest(self, job: SaveJob, fault: str | None, ledger: sec.Ledger) -> bytes:
+        """Beside the sender, after every tensor of the transfer was digested into `ledger`."""
         nonce = self._last_nonce if fault == "replay" else job.nonce
         self._last_nonce = job.nonce
         model = sec.other_model(self.model_id) if fault == "foreign_model" else None
@@ -511,3 +556,57 @@ class WorkerHalf:
         for link in (self.send, self.recv):
             if link is not None:
                 link.stop()
+
+
+# -- what the sender's thread does with a staged tensor (link.Staged.resolve) ----------------
+def _nothing() -> None:
+    return None
+
+
+def _no_tensors() -> list[Tensor]:
+    return []
+
+
+def _as_list(item: Tensor) -> list[Tensor]:
+    return [item]
+
+
+def _block_items(ticket: Ticket, job: SaveJob, layer: int, start: int, dim: int,
+                 layout: BlockLayout | None) -> list[Tensor]:
+    """One layer's gathered blocks as they travel: as cached, or fp8 codes and scales."""
+    blocks = ticket.wait()
+    if layout is None:
+        array, bf16 = to_wire(blocks)
+        return [Tensor(job.transfer_id, layer, f"b{start}", array, bf16)]
+    return [Tensor(job.transfer_id, layer, name, array) for name, array in
+            encode_blocks(blocks, dim, layout, job.num_tokens - start * layout.block_size,
+                          f"b{start}")]
+
+
+def _plain_items(ticket: Ticket, tid: int, layer: int, name: str) -> list[Tensor]:
+    array, bf16 = to_wire(ticket.wait())
+    return [Tensor(tid, layer, name, array, bf16)]
+
+
+def _state_slot(part: torch.Tensor, slot: int, conv: tuple[tuple[int, ...], torch.dtype] | None,
+                layout: str) -> torch.Tensor:
+    """One state slot, a copy (the slot is reused once the request ends); part 0 (the conv
+    state) in WIRE_CONV_LAYOUT."""
+    data = part[slot : slot + 1]
+    return conv_to_wire(data, *conv, layout) if conv is not None else data.clone()
+
+
+def _digested(make: Callable[[], list[Tensor]], ledger: sec.Ledger, truncate: bool
+              ) -> list[Tensor]:
+    """`make()`'s tensors, each digested into the transfer's manifest (the truncate fault: the
+    first one then loses its second half, the manifest listing it whole)."""
+    out = []
+    for item in make():
+        ledger.add(item.layer, item.name, item.array)
+        if truncate:
+            truncate = False
+            flat = item.array.reshape(-1)
+            item = Tensor(item.transfer_id, item.layer, item.name, flat[: flat.size // 2],
+                          item.bfloat16)
+        out.append(item)
+    return out

@@ -11,10 +11,14 @@ reads it back. The transport carries named numpy arrays per (request, layer); on
   position: the decode worker samples the first token from it, exactly as `generate` does) and
   `snap_at` = int64 [B] (0 when no snapshot was shipped).
 Rows shipped are [ship_from, L): the decode worker already holds [0, ship_from).
+A layer leaves the engine's device through the worker's LayerShipper (`ship_layer`: on a GPU
+the model thread only issues the copies; `ShippedLayer.arrays` waits for them beside the
+sender); on the CPU its tensors are ready at once and are encoded on the model thread.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +26,7 @@ import torch
 
 from prfaas.core.errors import TransportError
 from prfaas.engine import LayerKV, SequenceKV, layer_kv_from_arrays, layer_kv_to_arrays
+from prfaas.engine.shipper import LayerShipper, Ticket
 from prfaas.transport import ReceivedKV
 from prfaas.transport.quant import decode_arrays, encode_arrays
 
@@ -55,6 +60,48 @@ def layer_arrays(layer: LayerKV, wire_dtype: str | None = None) -> list[tuple[st
     return arrays
 
 
+@dataclass(slots=True)
+class ShippedLayer:
+    """A layer on its way off the device: its token range and kind, a ticket per tensor."""
+
+    layer: LayerKV  # the tensors as the engine gave them (on its device)
+    tickets: dict[str, Ticket]
+    ready: list[tuple[str, np.ndarray]] | None = None  # encoded already (tickets were done)
+
+    def arrays(self, wire_dtype: str | None) -> list[tuple[str, np.ndarray]]:
+        """The layer's arrays as they travel; waits for its copies (the sender's thread)
+        and raises ShipError (a TransportError) when one failed."""
+        if self.ready is not None:
+            return self.ready
+        host = {name: ticket.wait() for name, ticket in self.tickets.items()}
+        layer = self.layer
+        return layer_arrays(LayerKV(layer.layer_index, layer.kind, layer.start_token,
+                                    layer.end_token, host), wire_dtype)
+
+    def discard(self) -> None:
+        """Its request failed: give its copies' host memory back unread (sender's thread)."""
+        for ticket in self.tickets.values():
+            ticket.discard()
+
+
+def ship_layer(shipper: LayerShipper, request_id: int, layer: LayerKV,
+               wire_dtype: str | None) -> ShippedLayer:
+    """Start the layer's tensors toward the host (model thread, never waits on the device);
+    when they are there already (CPU), encode them now, as the model thread always did."""
+    tickets = {name: shipper.ship(request_id, functools.partial(_same, t), t.shape, t.dtype,
+                                  keep=(t,))
+               for name, t in sorted(layer.tensors.items())}
+    out = ShippedLayer(layer, tickets)
+    if all(t.done() for t in tickets.values()):
+        out.ready = out.arrays(wire_dtype)
+    return out
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    """The gather of an engine layer: its tensors are gathered already (export_layer)."""
+    return t
+
+
 def snapshot_arrays(kv: SequenceKV, boundary: int) -> list[tuple[int, str, np.ndarray]]:
     """(layer, name, array) of every linear layer's state at `boundary` (a block boundary)."""
     out: list[tuple[int, str, np.ndarray]] = []
@@ -76,7 +123,8 @@ def meta_arrays(kv: SequenceKV, logits: torch.Tensor, ship_from: int, num_tokens
     snap_at = boundary if ship_from < boundary < num_tokens else 0
     out = [(layer, "linear", name, a) for layer, name, a in snapshot_arrays(kv, snap_at)
            ] if snap_at else []
-    out.append((META_LAYER, "none", "logits", logits.detach().float().contiguous().numpy()))
+    out.append((META_LAYER, "none", "logits",
+                logits.detach().float().cpu().contiguous().numpy()))
     out.append((META_LAYER, "none", "snap_at", np.array([snap_at], dtype=np.int64)))
     return out
 

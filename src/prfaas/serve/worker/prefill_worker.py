@@ -10,6 +10,10 @@ is dropped and the request answered 502, so the router can retry on the local pa
 tail after the compute must be delivered within the request's `kv_deadline_s` (the router
 derives it from the predicted transfer time), so a partitioned link costs seconds. The link
 (shaped for `prfaas`, intra-cluster for `pd-p`) comes from the topology.
+A layer leaves the engine's device through a LayerShipper (engine/shipper.py): on a GPU the
+hook only issues the copies and the event loop's pump waits for them in a thread, so the
+model thread never waits on a copy or the network; a copy that fails fails the request (502),
+never a partial KV. Its counters are in /status (`shipper`) and /metrics.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from aiohttp import web
 
 from prfaas.core.errors import ConfigError, TransportError
 from prfaas.engine import EngineBase, LayerKV, SequenceKV
+from prfaas.engine.device_ops import device_ops
 from prfaas.engine.sampling import MAX_LOGPROBS, prompt_logprobs
+from prfaas.engine.shipper import LayerShipper
 from prfaas.serve.placement import node_label
 from prfaas.serve.topology import Topology, WorkerSpec
-from prfaas.serve.worker.kvship import layer_arrays, meta_arrays, reframe
+from prfaas.serve.worker.kvship import ShippedLayer, meta_arrays, reframe, ship_layer
 from prfaas.serve.worker.manifest import Binding, ManifestBuilder, model_identity
 from prfaas.serve.worker.prefix_store import PrefixStore
 from prfaas.serve.worker.protocol import ProtocolError, error_reply, get_int, get_tokens, read_body
@@ -40,9 +46,6 @@ from prfaas.serve.worker.worker_metrics import worker_metrics
 from prfaas.transport import KVSender, LinkMonitor, SenderConfig
 
 _EWMA = 0.3
-
-
-_Shipped = tuple[LayerKV, list[tuple[str, np.ndarray]]]  # a layer and its arrays as they travel
 
 
 class PrefillWorker:
@@ -65,6 +68,8 @@ class PrefillWorker:
         self.served = 0
         self.failed_transfers = 0
         self.seconds_per_token = 0.0  # EWMA of measured prefill time per computed token
+        # the engine's device (CPU engines have none: the copies then run at once)
+        self.shipper = LayerShipper(device_ops(getattr(engine, "device", None)))
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20)
@@ -79,7 +84,8 @@ class PrefillWorker:
                                   "pid": os.getpid(), **node_label()})
 
     async def metrics(self, _: web.Request) -> web.Response:
-        return worker_metrics({"http": self.http_refusals.count})
+        return worker_metrics({"http": self.http_refusals.count},
+                              shipper=self.shipper.metrics.as_dict())
 
     async def status(self, _: web.Request) -> web.Response:
         sample = self.monitor.sample()
@@ -88,6 +94,7 @@ class PrefillWorker:
             "queued": self.queued, "running": self.running, "served": self.served,
             "failed_transfers": self.failed_transfers,
             "seconds_per_token": self.seconds_per_token,
+            "shipper": {"device": self.shipper.ops.name, **self.shipper.metrics.as_dict()},
             "cache": {"entries": self.store.num_entries, "used_bytes": self.store.used_bytes,
                       "hits": self.store.hits, "misses": self.store.misses},
             "link": {"rate_gbps": self.link.rate_gbps, "connections": self.link.connections,
@@ -208,18 +215,25 @@ class PrefillWorker:
                        all_logits: bool = False
                        ) -> tuple[Any, asyncio.Task[int]]:
         loop = asyncio.get_running_loop()
-        layers: asyncio.Queue[_Shipped | None] = asyncio.Queue()
+        layers: asyncio.Queue[ShippedLayer | None] = asyncio.Queue()
 
         def hook(layer: LayerKV) -> None:  # prefill thread
             shipped = reframe(layer, ship_from, prefix)
-            # encoded here (fp8 / bf16 on the wire), off the event loop
-            arrays = layer_arrays(shipped, self.link.wire_dtype)
-            loop.call_soon_threadsafe(layers.put_nowait, (shipped, arrays))
+            # off the device without waiting; encoded (fp8 / bf16 on the wire) here when the
+            # bytes are on the host already, else by the pump's thread: off the event loop
+            item = ship_layer(self.shipper, rid, shipped, self.link.wire_dtype)
+            loop.call_soon_threadsafe(layers.put_nowait, item)
+
+        def forward() -> Any:  # prefill thread
+            try:
+                return self.engine.prefill(token_ids, prefix, hook, all_logits)
+            finally:  # the compute stream waits for the gathers; deferred layers may go
+                self.shipper.end_step()
+                self.shipper.end_request(rid)
 
         pump = asyncio.create_task(self._pump(sender, builder, rid, layers))
         try:
-            result = await asyncio.to_thread(self.engine.prefill, token_ids, prefix, hook,
-                                             all_logits)
+            result = await asyncio.to_thread(forward)
         except BaseException:
             layers.put_nowait(None)
             with contextlib.suppress(TransportError):
@@ -229,14 +243,35 @@ class PrefillWorker:
         return result, pump
 
     async def _pump(self, sender: KVSender, builder: ManifestBuilder, rid: int,
-                    layers: asyncio.Queue[_Shipped | None]) -> int:
+                    layers: asyncio.Queue[ShippedLayer | None]) -> int:
         sent = 0
-        while (item := await layers.get()) is not None:
-            layer, arrays = item
-            for name, array in arrays:
-                await _ship(sender, builder, rid, layer.layer_index, layer.kind, name, array)
-                sent += array.nbytes
+        failure: TransportError | None = None
+        try:
+            while (item := await layers.get()) is not None:
+                if failure is not None:  # the request failed: its later layers go unread
+                    await asyncio.to_thread(item.discard)
+                    continue
+                try:
+                    await self._ship_layer(sender, builder, rid, item)
+                    sent += sum(a.nbytes for _, a in item.ready or [])
+                except TransportError as exc:  # (ShipError: a device copy failed)
+                    failure = exc
+        finally:  # cancelled (KV deadline): what is queued gives its host memory back
+            while not layers.empty():
+                left = layers.get_nowait()
+                if left is not None:
+                    asyncio.get_running_loop().run_in_executor(None, left.discard)
+        if failure is not None:
+            raise failure
         return sent
+
+    async def _ship_layer(self, sender: KVSender, builder: ManifestBuilder, rid: int,
+                          item: ShippedLayer) -> None:
+        if item.ready is None:
+            item.ready = await asyncio.to_thread(item.arrays, self.link.wire_dtype)
+        layer = item.layer
+        for name, array in item.ready:
+            await _ship(sender, builder, rid, layer.layer_index, layer.kind, name, array)
 
     async def _send_meta(self, sender: KVSender, builder: ManifestBuilder, rid: int,
                          kv: SequenceKV, logits: Any, ship_from: int, num_tokens: int) -> int:
