@@ -16,7 +16,7 @@ in the state before it: S_{n+1} = M_n S_n + B_n, M_n = diag(e^{B_end}) - (K e^{B
 B_n = (K e^{B_end - B})^T U0. So the sequential part is ONE batched matmul-add per chunk
 (`baddbmm`) instead of the ~20 operations of a chunk's whole step, and everything else is a
 fixed number of batched operations however long the input: on a GPU the KDA prefill's
-kernel launches per 64 tokens fall from ~90 to ~1.4 at 8192-token prefill chunks
+kernel launches per 64 tokens fall from ~80 to ~1.7 at 8192-token prefill chunks
 (benchmarks/bench_kda_launches.py). A single chunk keeps the direct form (`_one_chunk`): the
 CPU engine prefills one 64-token block at a time, and its bits are what its exactness tests pin.
 """

@@ -89,8 +89,8 @@ class KDA(nn.Module):
         window = torch.cat((state["conv"], proj(x, self.w_qkv)))  # [T + K - 1, CH]
         q, k, v = self._qkv(_conv(window, self.conv_w, t))
         beta, g = self._gates(x)
-        o, s = kda_chunk(*(a.transpose(0, 1).float() for a in (q, k, v, g)), beta.T.float(),
-                         state["state"], self.chunk)
+        qh, kh, vh, gh = (a.transpose(0, 1).float() for a in (q, k, v, g))
+        o, s = kda_chunk(qh, kh, vh, gh, beta.T.float(), state["state"], self.chunk)
         new_state = {"state": s, "conv": window[-(CONV_KERNEL - 1):].clone()}
         return self._out(x, o.transpose(0, 1).to(x.dtype)), new_state
 

@@ -92,7 +92,9 @@ def fused_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if dv < q.shape[-1]:
         v = F.pad(v, (0, q.shape[-1] - dv))
     bias = causal_lower_right(q.shape[-2], k.shape[-2])
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    # [1, H, L, d]: the fused kernels take 4-D inputs only (3-D falls back to the reference
+    # kernel, which materialises the mask and the scores)
+    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=bias)[0]
     return out[..., :dv]
 
 
