@@ -803,7 +803,7 @@ def regions_live_capacity(load: Loader) -> str:
 def alert_drill(load: Loader) -> str:
     """docs/operate.md: the live alert drill, one row per alert seen (alert_drill.json)."""
     result = load("alert_drill.json")
-    lines = [_cells(["fault", "alert", "about", "pending at", "firing at", "fault undone at",
+    lines = [_cells(["fault", "alert", "about", "pending at", "firing at", "fault over at",
                      "resolved at"]), "|---|---|---|---|---|---|---|"]
     for phase in result["phases"]:
         alerts = phase["alerts"] or [None]
@@ -811,8 +811,9 @@ def alert_drill(load: Loader) -> str:
             if a is None:
                 lines.append(_cells([phase["phase"], "none", "", "", "", "", ""]))
                 continue
-            about = a["labels"].get("worker") or result["targets"].get(
-                a["labels"].get("instance", ""), "") or a["labels"].get("region", "")
+            about = a["labels"].get("worker") or ("inter-DC link" if a["alertname"] ==
+                                                  "PrfaasLinkDown" else result["targets"].get(
+                a["labels"].get("instance", ""), ""))
             end = phase["fault_end_s"]
             lines.append(_cells([
                 phase["phase"], a["alertname"], about, f"{a['pending_s']:.1f} s",

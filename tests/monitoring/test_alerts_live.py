@@ -5,16 +5,18 @@ the matching alerts must fire, only they, and resolve (experiments/alert_drill.p
 shipped rules run with every duration / 30 (`for: 1m` -> 2 s): the same expressions and
 thresholds on a clock a test can wait for; test_rules.py checks the shipped timing itself.
 Every dashboard query also runs on the live server: it must be accepted, and those over
-the router's series must return data. Needs the prometheus binary, root and iproute2."""
+the router's series must return data. Needs the prometheus binary, root and iproute2.
+PRFAAS_ALERT_DRILL_OUT=FILE records the run (benchmarks/bench_alert_drill.py's JSON)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
 from monitoring_helpers import INSTALL, RULES, dashboard_queries, grafana_to_promql
 
-from prfaas.experiments.alert_drill import EXPECTED, run_drill, verdict
+from prfaas.experiments.alert_drill import EXPECTED, record, run_drill, verdict
 from prfaas.serve.deploy.netns import netns_creatable
 
 pytestmark = [
@@ -33,6 +35,8 @@ ROUTER_SERIES = ("prfaas_requests_total", "prfaas_threshold_tokens", "prfaas_lin
 def test_link_cut_and_worker_kill_fire_their_alerts_and_resolve() -> None:
     queries = tuple(grafana_to_promql(q) for q in dashboard_queries())
     result = run_drill(RULES.read_text(), queries=queries)
+    if os.environ.get("PRFAAS_ALERT_DRILL_OUT"):  # benchmarks/results/alert_drill.json
+        record(result, os.environ["PRFAAS_ALERT_DRILL_OUT"])
     problems = verdict(result)
     assert not problems, "\n".join(problems) + f"\n{result}"
     phases = {p["phase"]: p for p in result["phases"]}

@@ -79,7 +79,7 @@ def test_a_weakened_rule_fails_its_tests(what: str, old: str, new: str, tmp_path
     (tmp_path / "prfaas-rules.yml").write_text(text.replace(old, new))
     shutil.copy(PROM_DIR / "rules_test.yml", tmp_path)
     done = run_promtool("test", "rules", "rules_test.yml", cwd=tmp_path)
-    assert done.returncode != 0 and "FAILED" in done.stdout, f"{what}: tests still pass"
+    assert done.returncode != 0 and "FAILED" in done.stdout + done.stderr, f"{what}: passes"
 
 
 def test_rules_read_only_metrics_prfaas_exposes() -> None:

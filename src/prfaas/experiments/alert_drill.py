@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import time
 import urllib.request
@@ -37,9 +38,13 @@ from prfaas.serve.resilience import HealthSpec, RestartSpec
 from prfaas.serve.topology import LinkSpec, Topology, load_topology
 
 POLL_S = 0.25
+# the router's checks: a dead worker is down within about 1 s (refused twice), a cut link
+# within about 5 s (two 2 s timeouts), and a check slowed by a loaded host is not a fault
+HEALTH = HealthSpec(interval_s=0.3, timeout_s=2.0, failures_before_down=2, successes_before_up=2)
 # what each fault must raise (alertname, the `worker` label when the alert has one)
-EXPECTED = {"partition": {("PrfaasLinkDown", None)},
-            "worker-kill": {("PrfaasWorkerDown", "pdp-0")}}
+EXPECTED: dict[str, set[tuple[str, str | None]]] = {
+    "partition": {("PrfaasLinkDown", None)},
+    "worker-kill": {("PrfaasWorkerDown", "pdp-0")}}
 FAULTED = {"partition": "prfaas-0", "worker-kill": "pdp-0"}  # the component each fault hits
 
 
@@ -105,8 +110,7 @@ def drill_topology(restart_backoff_s: float) -> Topology:
     workers = tuple(replace(w, port=0, kv_port=0) for w in base.workers)
     link = LinkSpec(base.link.rate_gbps, base.link.connections, "netns")
     return replace(base, workers=workers, router_port=0, link=link,
-                   health=HealthSpec(interval_s=0.3, timeout_s=1.0, failures_before_down=2,
-                                     successes_before_up=2),
+                   health=HEALTH,
                    restart=RestartSpec(initial_backoff_s=restart_backoff_s,
                                        max_backoff_s=restart_backoff_s))
 
@@ -146,7 +150,11 @@ def run_drill(rules_text: str, factor: float = 1 / 30, baseline_s: float = 6.0,
     t_start = time.monotonic()
     topology = drill_topology(restart_backoff_s)
     out: dict[str, Any] = {"factor": factor, "scrape_interval_s": 1.0, "eval_interval_s": 0.5,
-                           "restart_backoff_s": restart_backoff_s, "phases": []}
+                           "restart_backoff_s": restart_backoff_s,
+                           "health": {"interval_s": HEALTH.interval_s,
+                                      "timeout_s": HEALTH.timeout_s,
+                                      "failures_before_down": HEALTH.failures_before_down},
+                           "phases": []}
     with Deployment(topology) as dep:
         assert dep.netns is not None  # link.emulation: netns
         targets = scrape_targets(dep.topology, region="local")
@@ -236,3 +244,15 @@ def verdict(result: dict[str, Any]) -> list[str]:
                     and a["resolved_s"] < phase["fault_end_s"] and name == "partition":
                 problems.append(f"{name}: {a['alertname']} resolved before the link came back")
     return problems
+
+
+def record(result: dict[str, Any], path: str) -> dict[str, Any]:
+    """Write the drill's result with its verdict and host beside it (a results JSON)."""
+    problems = verdict(result)
+    out = {**result, "problems": problems, "ok": not problems, "backend": "native",
+           "host": f"{os.cpu_count()}-core {platform.machine()} host, shared by the "
+                   "deployment's processes and Prometheus",
+           "date": time.strftime("%Y-%m-%d")}
+    with open(path, "w") as f:
+        f.write(json.dumps(out, indent=2) + "\n")
+    return out
