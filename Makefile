@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit unit-nosimd bench clean venv vllm vllm-nixl demo-vllm bench-vllm \
-	clients bench-clients bench-clients-quick vllm-gpu
+	clients bench-clients bench-clients-quick vllm-gpu prometheus
 VLLM_STAMP := $(VENV)/.vllm-installed
 
 $(STAMP): pyproject.toml
@@ -48,6 +48,20 @@ vllm-gpu: $(GPU_STAMP)
 # CUDA 12 and 13 wheels, so only the cu12 one (which bundles the UCX plugin) is installed.
 vllm-nixl: $(VLLM_STAMP)
 	$(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1
+
+# Debian's prometheus (it carries promtool) for tests/monitoring: the alert rules' unit tests
+# and the live alert test. Installed once, only where it is missing, as root with apt-get (a
+# failed install fails the target); without root or apt-get those tests skip and say why.
+# Where systemd runs, the package's own service (port 9090) is stopped: the tests start theirs.
+prometheus:
+	@if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    prometheus >/dev/null && \
+	  { [ ! -d /run/systemd/system ] || systemctl disable --now prometheus >/dev/null 2>&1 || true; } && \
+	  echo "installed $$(prometheus --version 2>&1 | head -1)"; \
+	else echo "prometheus: not installed (needs root and apt-get); tests/monitoring skip"; fi
 
 demo-vllm: $(VLLM_STAMP)
 	$(BIN)/python -m prfaas.serve.deploy.demo_vllm
@@ -109,12 +123,13 @@ unit-nosimd: $(STAMP)
 	NPY_DISABLE_CPU_FEATURES="$(NOSIMD_FEATURES)" $(BIN)/python -m pytest -p no:cacheprovider \
 		$(NUMERIC_SUITES)
 
-# `vllm` first: with the extra installed the live vLLM tests run (tests/integrations/vllm/).
+# `vllm` first: with the extra installed the live vLLM tests run (tests/integrations/vllm/);
+# `prometheus`: the monitoring tests run (tests/monitoring/).
 # lint, typecheck and unit-nosimd (about 2 min of one core together) run beside the main suite's
 # first minutes instead of before and after it: the whole target took 30.0 min on a fresh clone
 # of a 2-core AVX2 host run one after another. Their output follows the suite's; either failing
 # fails the target.
-test: vllm
+test: vllm prometheus
 	@rm -f .test-side.rc; \
 	( $(MAKE) --no-print-directory lint typecheck unit-nosimd > .test-side.log 2>&1; \
 	  echo $$? > .test-side.rc ) & \

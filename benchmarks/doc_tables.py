@@ -795,3 +795,27 @@ def regions_live_capacity(load: Loader) -> str:
             *(f"{k} ready throughput live / sim" for k in names),
             *(f"{k} TTFT P90 live / sim (s)" for k in names)]
     return "\n".join([_cells(head), "|" + "---|" * len(head), *map(_cells, rows)])
+
+
+@table("alert-drill")
+def alert_drill(load: Loader) -> str:
+    """docs/operate.md: the live alert drill, one row per alert seen (alert_drill.json)."""
+    result = load("alert_drill.json")
+    lines = [_cells(["fault", "alert", "about", "pending at", "firing at", "fault over at",
+                     "resolved at"]), "|---|---|---|---|---|---|---|"]
+    for phase in result["phases"]:
+        alerts = phase["alerts"] or [None]
+        for a in alerts:
+            if a is None:
+                lines.append(_cells([phase["phase"], "none", "", "", "", "", ""]))
+                continue
+            about = a["labels"].get("worker") or ("inter-DC link" if a["alertname"] ==
+                                                  "PrfaasLinkDown" else result["targets"].get(
+                a["labels"].get("instance", ""), ""))
+            end = phase["fault_end_s"]
+            lines.append(_cells([
+                phase["phase"], a["alertname"], about, f"{a['pending_s']:.1f} s",
+                "-" if a["firing_s"] is None else f"{a['firing_s']:.1f} s",
+                "-" if end is None else f"{end:.1f} s",
+                "-" if a["resolved_s"] is None else f"{a['resolved_s']:.1f} s"]))
+    return "\n".join(lines)

@@ -103,3 +103,25 @@ def test_controlled_router_feeds_uncached_lengths_and_exposes_t(inputs: PlanInpu
     assert ctl.history[0] == (0.0, 1_000) and len(ctl.history) >= 2
     with pytest.raises(ConfigError, match="plan_inputs"):
         make_router("prfaas-threshold+controller", threshold_tokens=1_000)
+
+
+def test_limits_are_the_grid_ends_and_a_starved_link_holds_t_at_the_top(inputs: PlanInputs
+                                                                         ) -> None:
+    cfg = ControllerConfig(period_s=1.0, min_window=200, agree_solves=1, fit_offered_load=True)
+    ctl = ThresholdController(inputs, 19_400, cfg)
+    lengths = [int(x) for x in inputs.lengths.sample(np.random.default_rng(3), 200)]
+    for k, length in enumerate(lengths[:-1]):
+        ctl.observe(length, 0.01 * k)
+    assert ctl.limits_tokens() is None  # no solve can run yet: no range to be pinned in
+    ctl.observe(lengths[-1], 2.0)
+    low, high = ctl.limits_tokens() or (0, 0)
+    assert (low, high) == (min(lengths) - 1, max(lengths))
+    view = paper_view(100.0)
+    view.now = 2.0
+    t = ctl.update(view)
+    assert low < t < high  # a healthy link: the balance point lies inside the range
+    view = paper_view(1e-3)  # 1 Mbps: no offload at the window's rate fits
+    view.now = 4.0
+    assert ctl.update(view) == high  # held at the top: nothing offloaded
+    router = make_router("prfaas-threshold", threshold_tokens=1_000)
+    assert router.threshold_limits_tokens() is None  # a fixed t has no range

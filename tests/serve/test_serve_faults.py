@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -131,7 +132,8 @@ def test_workers_still_serve_after_faults(faulty: tuple[Deployment, FaultyPrefil
     dep, _ = faulty
     short = complete(dep.url, "still alive?", max_tokens=3)
     assert short["prfaas"]["route"] == "pd" and not short["prfaas"]["retried"]
-    assert "prfaas_retries_total" in get_text(f"{dep.url}/metrics")
+    retries = re.search(r"^prfaas_retries_total (\S+)$", get_text(f"{dep.url}/metrics"), re.M)
+    assert retries is not None and float(retries.group(1)) >= 1  # the faults above retried
 
 
 def test_no_retry_left_is_a_clear_502() -> None:

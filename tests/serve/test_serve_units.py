@@ -179,3 +179,47 @@ def test_without_a_cost_model_the_router_learns_seconds_per_token() -> None:
     cluster.measured("pdp-0", 0.5, 1200, 200)  # 0.5 s for 1000 computed tokens
     assert cluster.prefill_time_s("pdp-0", 2000, 0) == pytest.approx(2000 * 0.5 / 1000)
     assert cluster.prefill_time_s("pdp-0", 2000, 1000) == pytest.approx(0.5)
+
+
+def _scrape(service: RouterService) -> dict[str, float]:
+    """The router's /metrics as {series: value} (what Prometheus would store)."""
+    out = {}
+    for line in service.metrics.render(service._refresh_gauges).splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            out[series] = float(value)
+    return out
+
+
+def test_metrics_show_the_link_the_plan_and_failed_attempts() -> None:
+    topo = topology(plan={"offload_fraction": 0.3, "link_gbps": 1.0})
+    assert parse_topology(topo.to_dict()).plan == topo.plan  # as the launcher hands it on
+    service = RouterService(topo)
+    m = _scrape(service)
+    assert m["prfaas_link_up"] == 1.0 and m["prfaas_plan_offload_fraction"] == 0.3
+    assert m["prfaas_link_planned_gbps"] == 1.0  # plan.link_gbps before link.rate_gbps
+    assert m["prfaas_link_capacity_gbps"] == 0.5  # no telemetry yet: the emulated rate
+    # series exist at 0 before any request, so ratios of rates are 0, not missing
+    assert m['prfaas_requests_total{outcome="ok",route="prfaas"}'] == 0.0
+    assert m['prfaas_attempt_failures_total{route="prfaas"}'] == 0.0
+    assert m["prfaas_retries_total"] == 0.0 and m["prfaas_resumes_total"] == 0.0
+    assert not any(s.startswith("prfaas_threshold_limit_tokens") for s in m)  # fixed t
+    service.membership.states["pdp-0"].up = False  # a local worker: the link is still up
+    assert _scrape(service)["prfaas_link_up"] == 1.0
+    service.membership.states["prfaas-0"].up = False  # the only PrfaaS worker unreachable
+    service.cluster.capacity_gbps = 0.2  # link telemetry (POST /link)
+    m = _scrape(service)
+    assert m["prfaas_link_up"] == 0.0 and m["prfaas_link_capacity_gbps"] == 0.2
+    bare = _scrape(RouterService(topology(link={"rate_gbps": None})))  # a real, unshaped link
+    assert "prfaas_link_planned_gbps" not in bare and "prfaas_link_capacity_gbps" not in bare
+    assert "prfaas_plan_offload_fraction" not in bare
+
+
+@pytest.mark.parametrize(("plan", "field"), [({"offload_fraction": 1.5}, "plan.offload_fraction"),
+                                             ({"link_gbps": 0}, "plan.link_gbps"),
+                                             ({"offload_fraction": "most"},
+                                              "plan.offload_fraction"),
+                                             ({"threshold": 1}, "plan")])
+def test_a_bad_plan_names_its_field(plan: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        topology(plan=plan)

@@ -70,6 +70,9 @@ class AdmissionRouter(Router):
     def threshold_tokens(self) -> int | None:
         return self.inner.threshold_tokens()
 
+    def threshold_limits_tokens(self) -> tuple[int, int] | None:
+        return self.inner.threshold_limits_tokens()
+
     def route(self, query: RouteQuery, view: ClusterView) -> RouteDecision:
         decision = self.inner.route(query, view)
         if decision.rejected:

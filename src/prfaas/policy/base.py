@@ -46,6 +46,11 @@ class Router(ABC):
         """The length threshold in force, if the policy has one."""
         return None
 
+    def threshold_limits_tokens(self) -> tuple[int, int] | None:
+        """The range a controlled t can move in now, (everything offloaded, nothing
+        offloaded), if the policy moves its t."""
+        return None
+
 
 RouterFactory = Callable[..., Router]
 _REGISTRY: dict[str, RouterFactory] = {}

@@ -42,6 +42,9 @@ class ControlledRouter(Router):
     def threshold_tokens(self) -> int | None:
         return self.controller.t_tokens
 
+    def threshold_limits_tokens(self) -> tuple[int, int] | None:
+        return self.controller.limits_tokens()
+
     def route(self, query: RouteQuery, view: ClusterView) -> RouteDecision:
         t = self.controller.update(view)
         self._tunable.set_threshold_tokens(t)

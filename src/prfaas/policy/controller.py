@@ -128,6 +128,16 @@ class ThresholdController:
         if arrival_s is not None:
             self._times.append(arrival_s)
 
+    def limits_tokens(self) -> tuple[int, int] | None:
+        """The ends of the t grid a solve searches now (`threshold_grid` over the window):
+        (just below the shortest length, everything offloaded; the longest, nothing
+        offloaded). None until a solve could run (fewer than `min_window` lengths). A t held
+        at an end means the balance point lies outside what the link or the instances allow:
+        the metric the "threshold pinned" alert reads."""
+        if len(self._window) < self.config.min_window:
+            return None
+        return max(min(self._window) - 1, 0), max(self._window)
+
     def arrival_rps(self) -> float | None:
         if len(self._times) < 2 or self._times[-1] <= self._times[0]:
             return None

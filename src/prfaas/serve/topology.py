@@ -28,6 +28,7 @@ from prfaas.security.spec import SecuritySpec, parse_security
 from prfaas.serve.cores import parse_cores
 from prfaas.serve.engines import DEFAULT_ENGINE, backend_class, engine_names
 from prfaas.serve.gpus import check_worker_gpus, parse_gpus
+from prfaas.serve.planned import PlanSpec, parse_plan
 from prfaas.serve.resilience import (
     AdmissionSpec,
     DeadlineSpec,
@@ -179,6 +180,7 @@ class Topology:
     admission: AdmissionSpec = field(default_factory=AdmissionSpec)
     security: SecuritySpec = field(default_factory=SecuritySpec)  # security/spec.py
     vllm: VllmSettings | None = None  # the vLLM instances' model and arguments (engine: vllm)
+    plan: PlanSpec = field(default_factory=PlanSpec)  # what it was planned for (serve/planned.py)
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.workers]
@@ -213,6 +215,11 @@ class Topology:
                 raise ConfigError(f"{where}.wire_dtype", link.wire_dtype,
                                   f"engine {self.engine} ships KV as cached; it encodes "
                                   f"{', '.join(supported) or 'no wire dtype'}")
+
+    @property
+    def planned_link_gbps(self) -> float | None:
+        """The inter-DC rate planned for: `plan.link_gbps`, else the emulated `link.rate_gbps`."""
+        return self.plan.link_gbps or self.link.rate_gbps
 
     def by_role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)
@@ -299,6 +306,7 @@ class Topology:
                          **({"device": w.device} if w.device is not None else {}),
                          **({"gpus": list(w.gpus)} if w.gpus else {})} for w in self.workers],
             **({"vllm": self.vllm.to_dict()} if self.vllm is not None else {}),
+            **({"plan": self.plan.to_dict()} if self.plan.to_dict() else {}),
         }
 
     def dump(self, path: str | Path) -> None:
@@ -387,7 +395,8 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
     """`base`: the folder relative profile paths are read from (the topology file's)."""
     m = _mapping(raw, where)
     _keys(m, {"name", "model", "policy", "router", "link", "intra_link", "timeouts", "cache",
-              "max_retries", "workers", "profile", "security", "vllm", *RESILIENCE_KEYS},
+              "max_retries", "workers", "profile", "security", "vllm", "plan",
+              *RESILIENCE_KEYS},
              where)
     policy = dict(_mapping(m.get("policy"), "policy")) or {"name": "prfaas-threshold",
                                                           "threshold_tokens": 1024}
@@ -423,6 +432,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
         max_retries=int(m.get("max_retries", 3)), profile=profile,
         **{key: parse_spec(cls, m.get(key), key) for key, cls in RESILIENCE_KEYS.items()},
         vllm=parse_vllm(m.get("vllm"), base),
+        plan=parse_plan(m.get("plan")),
     )
 
 

@@ -104,6 +104,7 @@ class Dispatcher:
         self.backend = backend or make_backend("native", session=session)
         self.membership = membership
         self.queued: Counter[str] = Counter()  # attempts waiting for their first token, by prefill
+        self.failed_attempts: Counter[str] = Counter()  # by route (prfaas, pd): /metrics
         self.spill = SpillPolicy(topology.admission.max_queued_per_prefill)
         self.retry = RetryPolicy(topology.max_retries)
         self.eos_id = ByteTokenizer().eos_id
@@ -158,6 +159,7 @@ class Dispatcher:
                 return
             except AttemptFailed as exc:
                 failures += 1
+                self.failed_attempts[decision.route.value] += 1
                 if exc.worker and self.membership is not None:
                     self.membership.suspect(exc.worker, str(exc))
                 after = await self._after_failure(req, query, decision, out, failures, exc)

@@ -1,10 +1,14 @@
 """The router's Prometheus metrics, rendered in the text exposition format (no client library).
 
 Histograms: TTFT, TPOT, end-to-end latency and the router's own time per request. Counters:
-requests by route and outcome, KV bytes by link, retries, resumes, HTTP errors by status,
-worker restarts. Gauges: worker up (per worker), degraded, active requests; Gauges: the
-policy's current threshold, in-flight requests per worker (queue depths), the inter-DC link's
-measured egress and pending KV bytes (what the threshold controller reads).
+requests by route and outcome, KV bytes by link, retries, resumes, failed attempts by route,
+HTTP errors by status, worker restarts. Gauges: worker up (per worker), degraded, active
+requests; the policy's current threshold and, for a controlled t, the range it can move in;
+in-flight requests per worker (queue depths); the inter-DC link: reachable or not, its
+capacity as the router knows it, the planned rate, measured egress and pending KV bytes (what
+the threshold controller reads); the planned offload fraction. The planned figures are what
+the topology's `plan:` says (serve/planned.py), so the alert rules in deploy/prometheus/ can
+compare the live figures with them. docs/operate.md lists every metric and alert.
 """
 
 from __future__ import annotations
@@ -40,13 +44,32 @@ class RouterMetrics:
         self.cached_tokens = Counter("prfaas_cached_tokens_total",
                                      "Prompt tokens served from a prefill node's prefix cache.")
         self.retries = Counter("prfaas_retries_total", "Requests retried on the local path.")
+        self.failures = Counter("prfaas_attempt_failures_total",
+                                "Attempts that failed (a KV transfer broken or late, a worker "
+                                "gone during the attempt), by the route they were on.")
         self.errors = Counter("prfaas_http_errors_total", "Error replies by HTTP status.")
         self.threshold = Counter("prfaas_threshold_tokens", "Length threshold t in force.",
                                  "gauge")
+        self.threshold_limits = Counter(
+            "prfaas_threshold_limit_tokens", "The range a controlled t can move in now: low = "
+            "everything offloaded, high = nothing offloaded (absent for a fixed t).", "gauge")
         self.inflight = Counter("prfaas_inflight_requests",
                                 "Requests in flight per worker (queue depth).", "gauge")
         self.link_egress = Counter("prfaas_link_egress_gbps",
                                    "Measured PrfaaS -> PD KV egress (sliding window).", "gauge")
+        self.link_up = Counter("prfaas_link_up", "1 while the router reaches a PrfaaS worker "
+                               "(0: the inter-DC link or the whole PrfaaS side is down).",
+                               "gauge")
+        self.link_capacity = Counter("prfaas_link_capacity_gbps",
+                                     "The inter-DC link's capacity as the router knows it "
+                                     "(link telemetry, else the emulated link.rate_gbps; absent "
+                                     "when neither is known).", "gauge")
+        self.link_planned = Counter("prfaas_link_planned_gbps",
+                                    "The inter-DC link rate the deployment was planned for "
+                                    "(plan.link_gbps, else link.rate_gbps).", "gauge")
+        self.plan_offload = Counter("prfaas_plan_offload_fraction",
+                                    "The share of requests the plan offloads to PrfaaS "
+                                    "(plan.offload_fraction).", "gauge")
         self.link_pending = Counter("prfaas_link_pending_bytes",
                                     "Predicted KV bytes of PrfaaS requests not yet delivered.",
                                     "gauge")
@@ -65,13 +88,23 @@ class RouterMetrics:
                                     "resets (events lost), blocks that could not be placed.",
                                     "counter")
 
+        # series exist from the start, at 0 (a ratio of rates over a missing series would be
+        # missing, not 0: an alert on "no request offloaded" could never fire)
+        for route in ("prfaas", "pd"):
+            for outcome in ("ok", "error"):
+                self.requests.inc(0.0, route=route, outcome=outcome)
+            self.failures.inc(0.0, route=route)
+        for counter in (self.retries, self.resumes):
+            counter.inc(0.0)
+
     def render(self, refresh: Callable[[], None] | None = None) -> str:
         if refresh is not None:
             refresh()
         parts: list[Histogram | Counter] = [
             self.ttft, self.tpot, self.e2e, self.router_time, self.requests, self.kv_bytes,
             self.kv_wire_bytes, self.kv_transfers, self.cached_tokens, self.retries,
-            self.errors, self.threshold, self.inflight,
+            self.failures, self.errors, self.threshold, self.threshold_limits, self.inflight,
+            self.link_up, self.link_capacity, self.link_planned, self.plan_offload,
             self.link_egress, self.link_pending, self.resumes, self.worker_up, self.restarts,
             self.degraded, self.active, self.cache_events]
         return "\n".join(line for p in parts for line in p.render()) + "\n"

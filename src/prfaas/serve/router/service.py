@@ -195,10 +195,20 @@ class RouterService:
     def _refresh_gauges(self) -> None:
         t = self.policy.threshold_tokens()
         self.metrics.threshold.set(float(t) if t is not None else -1.0)
+        limits = self.policy.threshold_limits_tokens()
+        if limits is not None:
+            self.metrics.threshold_limits.set(float(limits[0]), limit="low")
+            self.metrics.threshold_limits.set(float(limits[1]), limit="high")
+        self._refresh_link()
+        if self._dispatcher is not None:
+            for route, n in self._dispatcher.failed_attempts.items():
+                self.metrics.failures.set(float(n), route=route)
         for name, load in self.cluster.loads.items():
             self.metrics.inflight.set(load.inflight, worker=name)
         self.metrics.link_egress.set(self.cluster.link_egress_gbps())
         self.metrics.link_pending.set(float(self.cluster.monitor.pending_bytes))
+        if self.topology.plan.offload_fraction is not None:
+            self.metrics.plan_offload.set(self.topology.plan.offload_fraction)
         for name, state in self.membership.states.items():
             self.metrics.worker_up.set(1.0 if state.up else 0.0, worker=name)
             self.metrics.restarts.set(float(state.restarts), worker=name)
@@ -210,6 +220,22 @@ class RouterService:
                              "unplaced_blocks", "unknown_removed"):
                     self.metrics.cache_events.set(float(getattr(st, kind)), worker=name,
                                                   kind=kind)
+
+    def _refresh_link(self) -> None:
+        """The inter-DC link's gauges. Reachable = some PrfaaS worker is up: the router, in
+        the PD datacenter, checks their health across that link, so a partition shows as all
+        of them down (as does the loss of the whole PrfaaS side: the same to the router)."""
+        prfaas = [w.name for w in self.topology.by_role("prfaas")]
+        if not prfaas:
+            return
+        up = any(self.membership.is_up(name) for name in prfaas)
+        self.metrics.link_up.set(1.0 if up else 0.0)
+        known = self.cluster.capacity_gbps or self.topology.link.rate_gbps  # else unknown
+        if known is not None:
+            self.metrics.link_capacity.set(known)
+        planned = self.topology.planned_link_gbps
+        if planned is not None:
+            self.metrics.link_planned.set(planned)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)

@@ -126,7 +126,13 @@ class DecodeWorker:
                                   **node_label()})
 
     async def metrics(self, _: web.Request) -> web.Response:
-        return worker_metrics({"kv": self.receiver.stats.tls_refused}, self.integrity_failures)
+        b = self.batcher
+        return worker_metrics(
+            {"kv": self.receiver.stats.tls_refused}, self.integrity_failures,
+            gauges={"prfaas_worker_queued_requests": len(b.waiting),
+                    "prfaas_worker_running_requests": len(b.running),
+                    "prfaas_worker_kv_waiting_requests": self.kv_waiting},
+            counters={"prfaas_kv_transfer_failures_total": self.failed_transfers})
 
     async def status(self, _: web.Request) -> web.Response:
         b = self.batcher

@@ -84,8 +84,15 @@ class PrefillWorker:
                                   "pid": os.getpid(), **node_label()})
 
     async def metrics(self, _: web.Request) -> web.Response:
-        return worker_metrics({"http": self.http_refusals.count},
-                              shipper=self.shipper.metrics.as_dict())
+        sample = self.monitor.sample()
+        return worker_metrics(
+            {"http": self.http_refusals.count},
+            gauges={"prfaas_worker_queued_requests": self.queued,
+                    "prfaas_worker_running_requests": self.running},
+            counters={"prfaas_kv_transfer_failures_total": self.failed_transfers,
+                      "prfaas_kv_sent_bytes_total": sample.total_sent_bytes,
+                      "prfaas_kv_tcp_retransmits_total": sample.retransmits},
+            shipper=self.shipper.metrics.as_dict())
 
     async def status(self, _: web.Request) -> web.Response:
         sample = self.monitor.sample()
