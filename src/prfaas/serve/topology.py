@@ -11,7 +11,7 @@ a KV receiver on `kv_port`).
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +22,7 @@ from prfaas.core.errors import ConfigError
 from prfaas.core.files import read_text
 from prfaas.models.compression import MODES as COMPRESSION_MODES
 from prfaas.models.kv import wire_dtype_name
+from prfaas.policy.shape import ShapeConfig
 from prfaas.security.spec import SecuritySpec, parse_security
 from prfaas.serve.cores import parse_cores
 from prfaas.serve.engines import DEFAULT_ENGINE, backend_class, engine_names
@@ -174,6 +175,9 @@ class Topology:
     admission: AdmissionSpec = field(default_factory=AdmissionSpec)
     security: SecuritySpec = field(default_factory=SecuritySpec)  # security/spec.py
     vllm: VllmSettings | None = None  # the vLLM instances' model and arguments (engine: vllm)
+    # the shape controller (policy/shape.py) in the router; a deployment that can restart a
+    # worker in another role carries its changes out (serve/deploy/ray/shape.py)
+    shape: ShapeConfig | None = None
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.workers]
@@ -190,6 +194,10 @@ class Topology:
             raise ConfigError("router.port", self.router_port, "must be in [0, 65535]")
         if self.router_cores is not None and not parse_cores(self.router_cores):
             raise ConfigError("router.cores", self.router_cores, "names no CPU")
+        if self.shape is not None and self.security.tls:
+            raise ConfigError("shape", "security.tls", "role changes with TLS are not "
+                              "supported: each worker's certificate and its peers' lists of "
+                              "decode and prefill names are fixed at start")
         backend_class(self.engine).check(self)  # e.g. vllm: needs a `vllm:` section
         supported = backend_class(self.engine).wire_dtypes
         for where, link in (("link", self.link), ("intra_link", self.intra_link)):
@@ -272,6 +280,7 @@ class Topology:
                              "events_port": w.events_port}
                             if w.engine != DEFAULT_ENGINE else {})} for w in self.workers],
             **({"vllm": self.vllm.to_dict()} if self.vllm is not None else {}),
+            **({"shape": asdict(self.shape)} if self.shape is not None else {}),
         }
 
     def dump(self, path: str | Path) -> None:
@@ -357,7 +366,8 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
     """`base`: the folder relative profile paths are read from (the topology file's)."""
     m = _mapping(raw, where)
     _keys(m, {"name", "model", "policy", "router", "link", "intra_link", "timeouts", "cache",
-              "max_retries", "workers", "profile", "security", "vllm", *RESILIENCE_KEYS},
+              "max_retries", "workers", "profile", "security", "vllm", "shape",
+              *RESILIENCE_KEYS},
              where)
     policy = dict(_mapping(m.get("policy"), "policy")) or {"name": "prfaas-threshold",
                                                           "threshold_tokens": 1024}
@@ -393,6 +403,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
         max_retries=int(m.get("max_retries", 3)), profile=profile,
         **{key: parse_spec(cls, m.get(key), key) for key, cls in RESILIENCE_KEYS.items()},
         vllm=parse_vllm(m.get("vllm"), base),
+        shape=None if m.get("shape") is None else ShapeConfig.from_dict(m["shape"]),
     )
 
 

@@ -64,6 +64,17 @@ class RouterMetrics:
                                     "worker and kind: blocks stored / removed, clears, index "
                                     "resets (events lost), blocks that could not be placed.",
                                     "counter")
+        self.worker_role = Counter("prfaas_worker_role", "1 for the role each worker serves "
+                                   "in now (prfaas, pd-p, pd-d): role changes show here.",
+                                   "gauge")
+        self.shape_decisions = Counter("prfaas_shape_decisions_total",
+                                       "The shape controller's decisions by outcome: "
+                                       "proposed, requested, completed, failed, refused_KIND "
+                                       "(empty_role, flap, busy, unknown, same_role, cost).",
+                                       "counter")
+        self.shape_draining = Counter("prfaas_shape_draining", "1 while a PD worker is out "
+                                      "of routing for a role change (draining to switching).",
+                                      "gauge")
 
     def render(self, refresh: Callable[[], None] | None = None) -> str:
         if refresh is not None:
@@ -73,5 +84,6 @@ class RouterMetrics:
             self.kv_wire_bytes, self.kv_transfers, self.cached_tokens, self.retries,
             self.errors, self.threshold, self.inflight,
             self.link_egress, self.link_pending, self.resumes, self.worker_up, self.restarts,
-            self.degraded, self.active, self.cache_events]
+            self.degraded, self.active, self.cache_events, self.worker_role,
+            self.shape_decisions, self.shape_draining]
         return "\n".join(line for p in parts for line in p.render()) + "\n"
