@@ -126,7 +126,14 @@ def test_role_changes_on_ray(ray_cluster: Any, engine: Any, tmp_path: Path) -> N
         held.bind(("127.0.0.1", 0))
         held.listen()
         port_for = dep.executor.ports
-        dep.executor.ports = lambda name: (held.getsockname()[1], port_for(name)[1])
+        calls: list[str] = []
+
+        def ports_once_held(name: str) -> tuple[int, int]:
+            calls.append(name)  # the first start gets the held port; the restore real ones
+            port, kv_port = port_for(name)
+            return (held.getsockname()[1] if len(calls) == 1 else port), kv_port
+
+        dep.executor.ports = ports_once_held
         try:
             status, body = _call(url, "/shape/change", {"instance": "pd-2", "role": "pd-p"})
             assert status == 200, body
@@ -134,6 +141,7 @@ def test_role_changes_on_ray(ray_cluster: Any, engine: Any, tmp_path: Path) -> N
         finally:
             dep.executor.ports = port_for
             held.close()
+        assert calls == ["pd-2", "pd-2"]  # the failed start, then the restore
         assert failed["instance"] == "pd-2" and not failed["ok"]
         assert "pd-p did not start" in failed["detail"], failed
         health = _call(url, "/health")[1]["members"]

@@ -132,6 +132,16 @@ def test_a_failed_change_restores_the_old_role_and_an_abandoned_one_too(
         assert _names(svc, "decode") == {"pd-1", "pd-2"}
         assert svc.shape.controller.outcomes["failed"] == 1
         assert svc.shape.controller._last is None  # a change that did not happen: no hold
+        # a restore that failed too (no pid): the instance is held down, not routed to
+        await client.post("/shape/change", json={"instance": "pd-2", "role": "pd-p"})
+        svc.shape.step()
+        await client.post("/shape/switch", json={"instance": "pd-2"})
+        await client.post("/shape/join", json={"instance": "pd-2", "ok": False,
+                                               "detail": "restoring failed too", "pid": -1})
+        assert not svc.membership.is_up("pd-2") and _names(svc, "decode") == {"pd-1"}
+        svc.membership.observe("pd-2", 6)
+        svc.membership.observe("pd-2", 6)  # its checks pass again: back
+        assert _names(svc, "decode") == {"pd-1", "pd-2"}
         # a change nobody carries out: abandoned, the instance back in its old role
         monkeypatch.setattr(live_shape, "ABANDON_S", 0.0)
         await client.post("/shape/change", json={"instance": "pd-1", "role": "pd-p"})
