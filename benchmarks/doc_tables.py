@@ -819,3 +819,41 @@ def alert_drill(load: Loader) -> str:
                 "-" if end is None else f"{end:.1f} s",
                 "-" if a["resolved_s"] is None else f"{a['resolved_s']:.1f} s"]))
     return "\n".join(lines)
+
+@table("shape-phases")
+def shape_phases(load: Loader) -> str:
+    """docs/shape.md: bench_shape_live.py, per phase: throughput and TTFT P50 / P90 with the
+    shape fixed and with the controller, live and simulated (live units)."""
+    data = load("shape.json")
+
+    def cell(run: dict[str, Any]) -> list[str]:
+        return [f"{run['throughput_rps']:.2f}",
+                f"{run['ttft_p50_s']:.2f} / {run['ttft_p90_s']:.2f}"]
+
+    rows = []
+    for ph in data["phases"]:
+        for side in ("live", "sim"):
+            if side not in ph:
+                continue
+            runs = ph[side]
+            rows.append([ph["name"] if side == "live" else "", side,
+                         *cell(runs["fixed"]), *cell(runs["controlled"])])
+    head = ["phase", "", "fixed: req/s", "fixed: TTFT P50 / P90 (s)", "controlled: req/s",
+            "controlled: TTFT P50 / P90 (s)"]
+    return "\n".join([_cells(head), "|" + "---|" * len(head), *map(_cells, rows)])
+
+
+@table("shape-changes")
+def shape_changes(load: Loader) -> str:
+    """docs/shape.md: every role change of the benchmark's controlled runs, live and
+    simulated (when, which instance, roles, drain seconds; live: the restart seconds)."""
+    data = load("shape.json")
+    rows = []
+    for side, key in (("live", "role_changes"), ("sim", "sim_role_changes")):
+        for c in data.get(key) or []:
+            restart = c.get("restart_s")
+            rows.append([side, f"{c['at_s']:.1f}", c["instance"], f"{c['from']} -> {c['to']}",
+                         "-" if c.get("drain_s") is None else f"{c['drain_s']:.1f}",
+                         "-" if restart is None else f"{restart:.1f}"])
+    head = ["run", "at (s)", "instance", "role", "drain (s)", "restart (s)"]
+    return "\n".join([_cells(head), "|" + "---|" * len(head), *map(_cells, rows)])

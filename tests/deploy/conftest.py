@@ -1,31 +1,19 @@
 """A real 3-node Ray cluster on this host, shared by the Ray deployment tests.
 
 Nodes: head {router: 1}, one {dc_prfaas: 1}, one {dc_local: 1}; one CPU and an 80 MiB object
-store each. The test starts and stops every Ray process itself (`Cluster.shutdown`, never
-`ray stop`, which would kill other users' Ray processes on the host), keeps every fixed port
-above 20000 (Ray's worker ports default to 10002-19999) and sends no usage statistics.
+store each, every one on 127.0.0.1 (serve/deploy/ray/loopback.py: the deployment's traffic
+stays on loopback, never the host's interface address). The test starts and stops every Ray
+process itself (`Cluster.shutdown`, never `ray stop`, which would kill other users' Ray
+processes on the host), keeps every fixed port above 20000 (Ray's worker ports default to
+10002-19999) and sends no usage statistics.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-
-NODE_BYTES = 80 * 2**20
-
-
-def _port_above_20000() -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port: int = s.getsockname()[1]
-        if port > 20000:
-            return port
-    raise RuntimeError("no free port above 20000")
 
 
 @dataclass(frozen=True)
@@ -39,22 +27,10 @@ class RayCluster:
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
     pytest.importorskip("ray")
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ["VLLM_NO_USAGE_STATS"] = "1"
-    from ray.cluster_utils import Cluster
+    from prfaas.serve.deploy.ray.loopback import loopback_cluster
 
-    common = {"num_cpus": 1, "object_store_memory": NODE_BYTES}
-    cluster = Cluster(initialize_head=True, head_node_args={
-        **common, "resources": {"router": 1}, "gcs_server_port": _port_above_20000(),
-        "include_dashboard": False, "dashboard_agent_listen_port": _port_above_20000()})
-    try:
-        nodes = {"router": cluster.head_node.node_id}
-        for resource in ("dc_prfaas", "dc_local"):
-            nodes[resource] = cluster.add_node(**common, resources={resource: 1}).node_id
-        cluster.wait_for_nodes()
-        yield RayCluster(cluster.address, nodes)
-    finally:
-        cluster.shutdown()
+    with loopback_cluster() as cluster:
+        yield RayCluster(cluster.address, cluster.nodes)
 
 
 @pytest.fixture(scope="session")

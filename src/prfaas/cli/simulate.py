@@ -112,6 +112,10 @@ def config_from(scenario_name: str, system: str, threshold: int | None, n_p: int
 @click.option("--rebalance", is_flag=True,
               help="Move PD instances between prefill and decode roles (Eq. 8) when the "
               "imbalance persists; JSON gets role_changes and final_split.")
+@click.option("--shape", is_flag=True,
+              help="Run the shape controller (policy/shape.py): the planner re-solved on the "
+              "router's window moves PD instances between roles, priced and with hysteresis; "
+              "JSON gets role_changes (with reasons), final_split and shape (refusals).")
 def command(scenario_name: str, system: str, threshold: int | None, n_p: int | None,
             n_d: int | None, link_gbps: float | None, no_pipeline: bool, prefill_order: str,
             arrivals: str, seed: int, rate: float | None, duration: float | None,
@@ -121,7 +125,7 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             link_schedule: str | None = None, ttft_slo: float | None = None,
             outage_specs: tuple[str, ...] = (), max_queued_per_prefill: int | None = None,
             rebalance: bool = False, rate_of: tuple[str, ...] = (), share: str = "drr",
-            objective: str = "throughput") -> None:
+            objective: str = "throughput", shape: bool = False) -> None:
     """Simulate SYSTEM under a synthetic or trace workload; report TTFT, TPOT, egress."""
     if _regions(scenario_name, system, trace, rate, rate_of):
         from prfaas.cli.regions import simulate_command
@@ -131,6 +135,7 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
                   "--cache-capacity": cache_capacity, "--link-schedule": link_schedule,
                   "--ttft-slo": ttft_slo, "--max-queued-per-prefill": max_queued_per_prefill,
                   "--outage": outage_specs or None, "--rebalance": rebalance or None,
+                  "--shape": shape or None,
                   "--no-pipeline": no_pipeline or None, "--out": out_dir}
         given = sorted(flag for flag, value in single.items() if value is not None)
         if given:
@@ -151,6 +156,9 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
                               arrivals=arrivals, trace=trace, seed=seed)
     sim: Any
     roles = RebalancerConfig() if rebalance else None
+    plugins = [shape_plugin(scenario, cfg)] if shape else []
+    if shape and rebalance:
+        raise ConfigError("--shape", True, "not with --rebalance: both move PD instances")
     if policy or cache_scope or cache_capacity or link_schedule or ttft_slo is not None:
         from prfaas.sim.policy_run import run_from_flags
 
@@ -160,9 +168,10 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             snapshot_policy=snapshot_policy, ttft_slo_s=ttft_slo, threshold=threshold,
             n_p=n_p, n_d=n_d, link_gbps=link_gbps, no_pipeline=no_pipeline,
             prefill_order=prefill_order, rebalance=roles, planned=planned, outages=outages,
-            max_queued_per_prefill=max_queued_per_prefill)
+            max_queued_per_prefill=max_queued_per_prefill, plugins=plugins)
     else:
-        sim, summary = simulate(cfg, workload, rebalance=roles, outages=outages)
+        sim, summary = simulate(cfg, workload, rebalance=roles, outages=outages,
+                                plugins=plugins)
     summary["arrivals"] = arrivals if trace is None else "trace"
     summary["seed"] = seed
     if out_dir:
@@ -171,6 +180,19 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
         echo_json(summary)
         return
     _print(summary)
+
+
+def shape_plugin(scenario: Any, cfg: Any) -> Any:
+    """The shape controller with its defaults on the scenario's planner inputs (profiles,
+    link, the system's PrfaaS instances), as its ShapePlugin."""
+    from dataclasses import replace
+
+    from prfaas.planner.search import inputs_from_scenario
+    from prfaas.policy.shape import ShapeController
+    from prfaas.sim.shape import ShapePlugin
+
+    inputs = replace(inputs_from_scenario(scenario), n_prfaas=cfg.n_prfaas)
+    return ShapePlugin(ShapeController(inputs))
 
 
 def _regions(scenario_name: str, system: str, trace: str | None, rate: float | None,

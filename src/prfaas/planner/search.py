@@ -135,6 +135,39 @@ def search_prfaas_pd(inputs: PlanInputs, mode: str) -> SystemPlan:
     return _prfaas_plan(inputs, curves, choice, mode)
 
 
+@dataclass(frozen=True, slots=True)
+class SplitOptimum:
+    """The best t for one fixed split (N_prfaas, N_p, N_d): Λ = min of the three Eq. 6 terms."""
+
+    n_p: int
+    n_d: int
+    lambda_rps: float  # 0.0 when no t gives a positive throughput
+    threshold_tokens: int
+    offload_fraction: float  # P(L > t)
+
+
+def split_optimum(inputs: PlanInputs, curves: Any, n_prfaas: int, n_p: int, n_d: int
+                  ) -> SplitOptimum:
+    """`search_prfaas_pd`'s choice of t for this split (same ties: Eq. 7 balance, then less
+    egress), from the stage curves of `inputs.lengths` (`stage_curves`, computed once for every
+    split a caller compares)."""
+    theta_d = _decode_rate(inputs, n_d) if n_d > 0 else 0.0
+    _, _, prf_term, pdp_term = bounds(curves, n_prfaas, n_p, inputs.link_gbps * GBPS)
+    lam = np.minimum(np.minimum(prf_term, pdp_term), theta_d)
+    top = float(lam.max())
+    if not top > 0:
+        return SplitOptimum(n_p, n_d, 0.0, int(curves.thresholds[-1]), 0.0)
+    imbalance = _imbalance(prf_term, pdp_term)
+    best_key: tuple[float, float, float] | None = None
+    best_i = 0
+    for i in np.flatnonzero(lam >= top * (1 - 1e-9)):
+        key = (float(lam[i]), -float(imbalance[i]), -float(curves.p_long[i]))
+        if best_key is None or key > best_key:
+            best_key, best_i = key, int(i)
+    return SplitOptimum(n_p, n_d, float(lam[best_i]), int(curves.thresholds[best_i]),
+                        float(curves.p_long[best_i]))
+
+
 def _decode_rate(inputs: PlanInputs, n_d: int) -> float:
     return float(decode_rate(n_d, inputs.decode.bs_max, inputs.decode.step_at(
         inputs.decode.bs_max), inputs.output_tokens))

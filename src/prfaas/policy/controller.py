@@ -198,6 +198,13 @@ class ThresholdController:
             self._set(now_s, max(self._pending_down))
             self._pending_down.clear()
 
+    def set_threshold(self, now_s: float, t: int) -> None:
+        """From outside (the shape controller, with a new split): t now, pending moves down
+        forgotten; the next solve starts from it."""
+        self._pending_down.clear()
+        if t != self.t_tokens:
+            self._set(now_s, int(t))
+
     def _set(self, now_s: float, t: int) -> None:
         self.t_tokens = t
         self.history.append((now_s, t))

@@ -12,7 +12,7 @@ a KV receiver on `kv_port`). Where each worker computes (`device`, `gpus`; `mode
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +24,7 @@ from prfaas.core.files import read_text
 from prfaas.models.compression import MODES as COMPRESSION_MODES
 from prfaas.models.engine_config import check_device
 from prfaas.models.kv import wire_dtype_name
+from prfaas.policy.shape import ShapeConfig
 from prfaas.security.spec import SecuritySpec, parse_security
 from prfaas.serve.cores import parse_cores
 from prfaas.serve.engines import DEFAULT_ENGINE, backend_class, engine_names
@@ -181,6 +182,9 @@ class Topology:
     security: SecuritySpec = field(default_factory=SecuritySpec)  # security/spec.py
     vllm: VllmSettings | None = None  # the vLLM instances' model and arguments (engine: vllm)
     plan: PlanSpec = field(default_factory=PlanSpec)  # what it was planned for (serve/planned.py)
+    # the shape controller (policy/shape.py) in the router; a deployment that can restart a
+    # worker in another role carries its changes out (serve/deploy/ray/shape.py)
+    shape: ShapeConfig | None = None
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.workers]
@@ -197,6 +201,10 @@ class Topology:
             raise ConfigError("router.port", self.router_port, "must be in [0, 65535]")
         if self.router_cores is not None and not parse_cores(self.router_cores):
             raise ConfigError("router.cores", self.router_cores, "names no CPU")
+        if self.shape is not None and self.security.tls:
+            raise ConfigError("shape", "security.tls", "role changes with TLS are not "
+                              "supported: each worker's certificate and its peers' lists of "
+                              "decode and prefill names are fixed at start")
         backend_class(self.engine).check(self)  # e.g. vllm: needs a `vllm:` section
         if "device" in self.model:
             check_device(self.model["device"], "model.device")
@@ -307,6 +315,7 @@ class Topology:
                          **({"gpus": list(w.gpus)} if w.gpus else {})} for w in self.workers],
             **({"vllm": self.vllm.to_dict()} if self.vllm is not None else {}),
             **({"plan": self.plan.to_dict()} if self.plan.to_dict() else {}),
+            **({"shape": asdict(self.shape)} if self.shape is not None else {}),
         }
 
     def dump(self, path: str | Path) -> None:
@@ -395,7 +404,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
     """`base`: the folder relative profile paths are read from (the topology file's)."""
     m = _mapping(raw, where)
     _keys(m, {"name", "model", "policy", "router", "link", "intra_link", "timeouts", "cache",
-              "max_retries", "workers", "profile", "security", "vllm", "plan",
+              "max_retries", "workers", "profile", "security", "vllm", "plan", "shape",
               *RESILIENCE_KEYS},
              where)
     policy = dict(_mapping(m.get("policy"), "policy")) or {"name": "prfaas-threshold",
@@ -433,6 +442,7 @@ def parse_topology(raw: object, where: str = "topology", base: Path | None = Non
         **{key: parse_spec(cls, m.get(key), key) for key, cls in RESILIENCE_KEYS.items()},
         vllm=parse_vllm(m.get("vllm"), base),
         plan=parse_plan(m.get("plan")),
+        shape=None if m.get("shape") is None else ShapeConfig.from_dict(m["shape"]),
     )
 
 

@@ -5,6 +5,8 @@ A `SimPlugin` is a listener; every method has a do-nothing default. The simulato
 - `attach(sim)` once, before the first event (schedule own events with `sim.call_at`);
 - `cached_tokens(req)` when request `req` arrives: cached-prefix tokens per prefill instance for
   the router's `RouteQuery` (the first plugin answering non-None wins);
+- `on_decided(req, query, decision)` for every arriving request, once routed (accepted or not):
+  what the router saw and chose (the shape controller's window);
 - `on_routed(req, decision, prefill, cached)` once a request is accepted: a `Placement` (prefill
   service time, KV bytes to deliver, bytes that must cross the link first) replaces the default
   (full prefill minus `decision.cached_tokens`, the whole KV; first non-None wins);
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prfaas.core.frozen import fast_init
-from prfaas.core.types import RouteDecision
+from prfaas.core.types import RouteDecision, RouteQuery
 
 if TYPE_CHECKING:
     from prfaas.sim.instances import DecodeInstance, PrefillInstance
@@ -45,6 +47,9 @@ class SimPlugin:
 
     def cached_tokens(self, req: int) -> Mapping[str, int] | None:
         return None
+
+    def on_decided(self, req: int, query: RouteQuery, decision: RouteDecision) -> None:
+        """Request `req` was routed (`decision.rejected` when it was not accepted)."""
 
     def on_routed(self, req: int, decision: RouteDecision, prefill: PrefillInstance,
                   cached: Mapping[str, int]) -> Placement | None:

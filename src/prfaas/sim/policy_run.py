@@ -27,7 +27,7 @@ from prfaas.sim.link import LinkSchedule
 from prfaas.sim.metrics import summarize
 from prfaas.sim.outages import Outage
 from prfaas.sim.plugin import SimPlugin
-from prfaas.sim.roles import RebalancePlugin
+from prfaas.sim.roles import RebalancePlugin, RoleMoves
 from prfaas.sim.run import outage_plugin
 from prfaas.sim.simulator import Simulator
 from prfaas.sim.system import SystemConfig, build_system
@@ -102,7 +102,8 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
     cfg = replace(cfg, router=name)
     plugin = CachePlugin(None, workload)
     roles = RebalancePlugin(rebalance) if rebalance is not None else None
-    downs = outage_plugin(outages, rebalance)
+    downs = outage_plugin(outages, rebalance or next(
+        (p for p in plugins if isinstance(p, RoleMoves)), None))
     extra = [p for p in (roles, downs) if p is not None]
     sim = Simulator(cfg, workload, router, plugins=[plugin, *extra, *plugins])
     plugin.cache = build_cache(cfg, workload, [(p.instance_id, p.cluster) for p in sim.prefills],
@@ -110,7 +111,7 @@ def run_policy(s: Scenario, system: str, policy: str | None, workload: Workload,
     sim.run()
     summary = summarize(sim)
     summary.update(cache_metrics(sim, plugin, workload))
-    for extra_plugin in extra:
+    for extra_plugin in (*extra, *(p for p in plugins if isinstance(p, RoleMoves))):
         summary.update(extra_plugin.summary())
     summary["policy"] = router.name
     summary["config"] = {**cfg.describe(), "cache_capacity_bytes": cache_capacity,
@@ -139,8 +140,8 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                    n_d: int | None, link_gbps: float | None, no_pipeline: bool,
                    prefill_order: str, rebalance: RebalancerConfig | None = None,
                    planned: PlanResult | None = None, outages: Sequence[Outage] = (),
-                   max_queued_per_prefill: int | None = None
-                   ) -> tuple[Simulator, dict[str, Any]]:
+                   max_queued_per_prefill: int | None = None,
+                   plugins: Sequence[SimPlugin] = ()) -> tuple[Simulator, dict[str, Any]]:
     """`prfaas simulate` with the policy/cache/link-schedule flags; adds `sim_wall_s`."""
     import time
 
@@ -159,6 +160,6 @@ def run_from_flags(s: Scenario, system: str, workload: Workload, *, policy: str 
                               cache_capacity=parse_capacity(cache_capacity),
                               snapshot_policy=snapshot_policy, link=link, ttft_slo_s=ttft_slo_s,
                               rebalance=rebalance, planned=planned, outages=outages,
-                              **overrides)
+                              plugins=plugins, **overrides)
     summary["sim_wall_s"] = round(time.perf_counter() - started, 4)
     return sim, summary

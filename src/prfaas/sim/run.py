@@ -11,7 +11,8 @@ from prfaas.policy.base import Router
 from prfaas.policy.rebalancer import RebalancerConfig
 from prfaas.sim.metrics import summarize
 from prfaas.sim.outages import Outage, OutagePlugin
-from prfaas.sim.roles import RebalancePlugin
+from prfaas.sim.plugin import SimPlugin
+from prfaas.sim.roles import RebalancePlugin, RoleMoves
 from prfaas.sim.simulator import Simulator
 from prfaas.sim.system import SystemConfig
 from prfaas.workload.arrivals import check_rate, make_arrivals
@@ -22,35 +23,39 @@ from prfaas.workload.traces import load_trace
 
 def simulate(cfg: SystemConfig, workload: Workload, router: Router | None = None,
              candidate_limit: int | None = None, rebalance: RebalancerConfig | None = None,
-             outages: Sequence[Outage] = ()) -> tuple[Simulator, dict[str, Any]]:
+             outages: Sequence[Outage] = (), plugins: Sequence[SimPlugin] = ()
+             ) -> tuple[Simulator, dict[str, Any]]:
     """Run to completion; the summary gets `sim_wall_s` (the event loop only) and the resolved
     configuration under `config`. With `rebalance`, PD instances change roles (sim/roles.py)
     and the summary gets `role_changes` and `final_split`; with `outages`, instances or the
-    link go down and up (sim/outages.py) and it gets `outages`, `lost`, `rerun_requests`."""
+    link go down and up (sim/outages.py) and it gets `outages`, `lost`, `rerun_requests`;
+    `plugins` join the run (e.g. sim/shape.py's ShapePlugin) and add their `summary()`."""
     roles = RebalancePlugin(rebalance) if rebalance is not None else None
-    downs = outage_plugin(outages, rebalance)
-    plugins = [p for p in (roles, downs) if p is not None]
+    downs = outage_plugin(outages, rebalance or next(
+        (p for p in plugins if isinstance(p, RoleMoves)), None))
+    plugins = [p for p in (roles, downs, *plugins) if p is not None]
     started = time.perf_counter()
     sim = Simulator(cfg, workload, router, plugins=plugins,
                     candidate_limit=candidate_limit).run()
     wall_s = time.perf_counter() - started
     summary = summarize(sim)
     for plugin in plugins:
-        summary.update(plugin.summary())
+        if isinstance(plugin, RebalancePlugin | OutagePlugin | RoleMoves):
+            summary.update(plugin.summary())
     summary["sim_wall_s"] = round(wall_s, 4)
     summary["config"] = cfg.describe()
     summary["workload"] = workload.source
     return sim, summary
 
 
-def outage_plugin(outages: Sequence[Outage], rebalance: RebalancerConfig | None
-                  ) -> OutagePlugin | None:
+def outage_plugin(outages: Sequence[Outage], moves: object | None) -> OutagePlugin | None:
+    """`moves`: anything that moves instances between roles (--rebalance, --shape)."""
     if not outages:
         return None
-    if rebalance is not None:
+    if moves is not None:
         raise ConfigError("outage", outages[0].as_text(),
-                          "cannot be combined with --rebalance (an instance would be moved "
-                          "and failed at once)")
+                          "cannot be combined with --rebalance or --shape (an instance would "
+                          "be moved and failed at once)")
     return OutagePlugin(list(outages))
 
 

@@ -306,6 +306,8 @@ class Simulator:
             decision = self._spill(query, decision)
         t = self.router.threshold_tokens()
         log.threshold_tokens[i] = -1 if t is None else t
+        for plugin in self.plugins:
+            plugin.on_decided(i, query, decision)
         decoder = self.decode_by_id.get(decision.decode_instance or "")
         prefill = self.prefill_by_id.get(decision.prefill_instance)
         if decision.rejected or decoder is None or prefill is None:

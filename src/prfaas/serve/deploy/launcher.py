@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from prfaas.core.errors import PrfaasError
+from prfaas.core.errors import ConfigError, PrfaasError
 from prfaas.security.apikey import ENV as API_KEY_ENV
 from prfaas.security.certs import ROUTER
 from prfaas.security.tls import Identity
@@ -57,6 +57,10 @@ class Deployment:
         `router_env`: more of the router's environment (e.g. its tenant key for a shared
         PrfaaS gateway); `local_hosts`: more addresses of this host whose workers it starts
         (e.g. the host ends of serve/deploy/regions.py's links)."""
+        if topology.shape is not None:
+            raise ConfigError("shape", "embedded launcher",
+                              "role changes need a deployment that restarts a worker in "
+                              "another role: run with --ray (docs/shape.md)")
         self.requested = topology
         self.api_key = api_key
         self.router_env = dict(router_env or {})

@@ -20,7 +20,8 @@ egress = the router's LinkMonitor over the last `LINK_WINDOW_S`, fed with the by
 prefill reports having put on the wire (compressed, where it compresses), and pending = the
 predicted KV bytes of PrfaaS requests dispatched but not yet delivered. The PrfaaS queue is each
 worker's in-flight requests and their predicted prefill seconds. Workers the membership layer
-holds down are left out of `instances`, so a policy never picks one. The clock is read here, never
+holds down, and workers drained for a role change (`draining`), are left out of `instances`, so
+a policy never picks one. The clock is read here, never
 in the policy: `now_s` is a snapshot taken when the view is built, and every worker's queued work
 is read at that instant. `instances(cluster, role)` is a `RankedPool` (serve/router/live_pool.py)
 that this bookkeeping keeps ranked as requests start and finish, workers measure themselves and go
@@ -72,11 +73,13 @@ class LiveCluster:
         self.monitor = LinkMonitor(window_s=LINK_WINDOW_S)
         self._wire_fraction: dict[str, float] = {}  # cluster -> EWMA of wire / KV bytes
         order = {w.name: k for k, w in enumerate(topology.workers)}
+        self._order = order
         self._pools: dict[tuple[str, Role], LivePool] = {
             (w.cluster, _role(w)): LivePool(_role(w), order) for w in topology.workers}
         for load in self.loads.values():
             self._pool_of(load).add(load)
         self._down: frozenset[str] = frozenset()
+        self._draining: frozenset[str] = frozenset()  # a role change: no new work
         self.capacity_gbps: float | None = None  # told by POST /link (link telemetry)
         self._clock = clock
         self._t0 = clock()
@@ -88,13 +91,44 @@ class LiveCluster:
 
     @down.setter
     def down(self, names: frozenset[str]) -> None:
-        for name in self._down - names:
+        self._hide(frozenset(names), self._draining)
+
+    @property
+    def draining(self) -> frozenset[str]:
+        """Workers being drained for a role change (serve/router/shape.py); not in the view."""
+        return self._draining
+
+    @draining.setter
+    def draining(self, names: frozenset[str]) -> None:
+        self._hide(self._down, frozenset(names))
+
+    def _hide(self, down: frozenset[str], draining: frozenset[str]) -> None:
+        before, after = self._down | self._draining, down | draining
+        for name in before - after:
             if name in self.loads:
                 self._pool_of(self.loads[name]).add(self.loads[name])
-        for name in names - self._down:
+        for name in after - before:
             if name in self.loads:
                 self._pool_of(self.loads[name]).remove(name)
-        self._down = frozenset(names)
+        self._down, self._draining = down, draining
+
+    def replace_worker(self, spec: WorkerSpec, model: PrefillTime | None) -> None:
+        """`spec.name` serves as `spec` from now (a role change): its bookkeeping moves to
+        the pool of its new role, with `model` as its cost model (an equal one already held
+        is shared, so the pool groups them as before) and a fresh measured ratio."""
+        load = self.loads[spec.name]
+        hidden = spec.name in self._down | self._draining
+        if not hidden:
+            self._pool_of(load).remove(spec.name)
+        same = next((other.model for other in self.loads.values()
+                     if other.model is not None and other.model == model), None)
+        load.spec, load.model = spec, same or model
+        load.ratio, load.seconds_per_token = 1.0, PRIOR_SECONDS_PER_TOKEN
+        key = (spec.cluster, _role(spec))
+        if key not in self._pools:
+            self._pools[key] = LivePool(_role(spec), self._order)
+        if not hidden:
+            self._pool_of(load).add(load)
 
     def _pool_of(self, load: _Load) -> LivePool:
         return self._pools[(load.spec.cluster, _role(load.spec))]
@@ -205,9 +239,10 @@ class LiveView:
             pool = self._c.pool(cluster, role)
             return LivePoolView(pool, self._now) if pool is not None else []
         out = []
+        hidden = self._c.down | self._c.draining
         for load in self._c.loads.values():
             w = load.spec
-            if w.name in self._c.down:
+            if w.name in hidden:
                 continue
             w_role: Role = "prefill" if w.is_prefill else "decode"
             if (cluster is not None and w.cluster != cluster) or (role and w_role != role):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,8 @@ class Dispatcher:
         self.eos_id = ByteTokenizer().eos_id
         self.block_size_tokens = block_size_tokens
         self.exact_match = False  # True: the manager's pools need not be prefix-closed
+        # called with every accepted (query, decision), e.g. the shape controller's window
+        self.observers: list[Callable[[RouteQuery, RouteDecision], None]] = []
         self._ids = itertools.count(1)
 
     def route(self, req: GenRequest, request_id: str) -> tuple[RouteQuery, RouteDecision]:
@@ -131,7 +133,10 @@ class Dispatcher:
         if decision.decode_instance is None:
             raise ApiError(503, "no decode instance available", kind="server_error",
                            code="unavailable", retry_after_s=self.topology.health.retry_after_s)
-        return query, self._admit(query, view, decision)
+        decision = self._admit(query, view, decision)
+        for observe in self.observers:
+            observe(query, decision)
+        return query, decision
 
     def _admit(self, query: RouteQuery, view: LiveView, decision: RouteDecision
                ) -> RouteDecision:

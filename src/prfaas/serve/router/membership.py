@@ -11,7 +11,9 @@ What the policy sees follows from this: `LiveCluster.down` is kept equal to the 
 the `ClusterView` lists only up workers, so the same policy objects route around down ones
 (policy.base falls back to the other cluster). `down_event(name)` is an asyncio.Event set when
 the worker goes down: the dispatcher ends an attempt on it at once instead of waiting for a
-timeout. `degraded` is true while any worker is down.
+timeout. `degraded` is true while any worker is down. A worker the deployment is restarting
+in another role (`switching`, serve/router/shape.py) is not checked until it `rejoin`s with its
+new pid: its restart is a role change, not a failure.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class WorkerHealth:
     successes: int = 0  # consecutive good checks
     restarts: int = 0  # new pids seen
     transitions: int = 0  # up <-> down changes
+    role_changes: int = 0  # restarts in another role (serve/router/shape.py)
     last_error: str = ""
     down_event: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -56,6 +59,7 @@ class Membership:
         self.spec: HealthSpec = topology.health
         self.health_has_body = backend_class(topology.engine).health_has_body
         self.states = {w.name: WorkerHealth() for w in topology.workers}
+        self.switching: set[str] = set()  # restarting in another role: not checked
         self._task: asyncio.Task[None] | None = None
 
     # --- what the router reads ---
@@ -74,9 +78,22 @@ class Membership:
         return self.states[name].down_event
 
     def to_json(self) -> dict[str, Any]:
+        roles = {w.name: w.role for w in self.topology.workers}
         return {n: {"up": s.up, "pid": s.pid, "node_id": s.node_id, "restarts": s.restarts,
-                    "transitions": s.transitions, "last_error": s.last_error}
+                    "transitions": s.transitions, "last_error": s.last_error,
+                    "role": roles.get(n), "role_changes": s.role_changes,
+                    "switching": n in self.switching}
                 for n, s in self.states.items()}
+
+    def rejoin(self, name: str, pid: int | None, role_changed: bool) -> None:
+        """The deployment restarted `name` (in another role when `role_changed`, else back in
+        its own after a failed change) and it answers /health with `pid`: up, checked again."""
+        state = self.states[name]
+        self.switching.discard(name)
+        state.pid, state.failures, state.successes = pid, 0, 0
+        state.role_changes += int(role_changed)
+        self._set(name, True, "rejoined after a role change" if role_changed
+                  else "rejoined in its old role")
 
     # --- what changes it ---
     def suspect(self, name: str, reason: str) -> None:
@@ -90,6 +107,8 @@ class Membership:
 
     def observe(self, name: str, pid: int | None, error: str = "") -> None:
         """One active check: `error` empty means /health answered ok with `pid`."""
+        if name in self.switching:  # a check sent before its restart began: says nothing
+            return
         state = self.states[name]
         if error:
             state.failures, state.successes, state.last_error = state.failures + 1, 0, error
@@ -134,7 +153,8 @@ class Membership:
     async def _run(self) -> None:
         while True:
             t0 = time.monotonic()
-            await asyncio.gather(*(self._check(w) for w in self.topology.workers))
+            await asyncio.gather(*(self._check(w) for w in self.topology.workers
+                                   if w.name not in self.switching))
             await asyncio.sleep(max(self.spec.interval_s - (time.monotonic() - t0), 0.01))
 
     async def _check(self, worker: WorkerSpec) -> None:

@@ -87,6 +87,17 @@ class RouterMetrics:
                                     "worker and kind: blocks stored / removed, clears, index "
                                     "resets (events lost), blocks that could not be placed.",
                                     "counter")
+        self.worker_role = Counter("prfaas_worker_role", "1 for the role each worker serves "
+                                   "in now (prfaas, pd-p, pd-d): role changes show here.",
+                                   "gauge")
+        self.shape_decisions = Counter("prfaas_shape_decisions_total",
+                                       "The shape controller's decisions by outcome: "
+                                       "proposed, requested, completed, failed, refused_KIND "
+                                       "(empty_role, flap, busy, unknown, same_role, cost).",
+                                       "counter")
+        self.shape_draining = Counter("prfaas_shape_draining", "1 while a PD worker is out "
+                                      "of routing for a role change (draining to switching).",
+                                      "gauge")
 
         # series exist from the start, at 0 (a ratio of rates over a missing series would be
         # missing, not 0: an alert on "no request offloaded" could never fire)
@@ -106,5 +117,6 @@ class RouterMetrics:
             self.failures, self.errors, self.threshold, self.threshold_limits, self.inflight,
             self.link_up, self.link_capacity, self.link_planned, self.plan_offload,
             self.link_egress, self.link_pending, self.resumes, self.worker_up, self.restarts,
-            self.degraded, self.active, self.cache_events]
+            self.degraded, self.active, self.cache_events, self.worker_role,
+            self.shape_decisions, self.shape_draining]
         return "\n".join(line for p in parts for line in p.render()) + "\n"

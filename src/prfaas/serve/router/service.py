@@ -2,12 +2,13 @@
 
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (SSE when `stream`),
 `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), `POST /tokenize` and
-`POST /detokenize` (vLLM's, with the router's tokenizer). It tokenizes with the
-engine backend's tokenizer (serve/engines.py: no torch here), routes with a `policy/` Router
+`POST /detokenize` (vLLM's, with the router's tokenizer), and with a topology `shape:` section
+`GET /shape` and `POST /shape/{change,switch,join}` (serve/router/shape.py). It tokenizes with
+the engine backend's tokenizer (serve/engines.py: no torch here), routes with a `policy/` Router
 and the `cache/` GlobalKVCacheManager (kept current by the cache deltas workers return), and
-drives the workers (dispatch.py). Every
-response carries a `prfaas` object (in the last chunk when streaming). Bad input -> 400 with an
-OpenAI-style error object; a policy rejection -> 429; a failed request -> 502, never a hang.
+drives the workers (dispatch.py). Every response carries a `prfaas` object (in the last chunk
+when streaming). Bad input -> 400 with an OpenAI-style error object; a policy rejection -> 429;
+a failed request -> 502, never a hang.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import ssl
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -25,6 +27,7 @@ from aiohttp import web
 
 from prfaas.cache import GlobalKVCacheManager
 from prfaas.policy.base import Router, make_router
+from prfaas.policy.shape import ShapeController
 from prfaas.security.apikey import api_key_middleware
 from prfaas.serve.engines import EngineBackend, engine_backend
 from prfaas.serve.placement import node_label
@@ -44,7 +47,8 @@ from prfaas.serve.router.openai_api import (
 from prfaas.serve.router.plan import live_codec, live_plan_inputs
 from prfaas.serve.router.request_log import Entry, RequestLog, has_text
 from prfaas.serve.router.respond import Reply, feed, prompt_logprobs
-from prfaas.serve.topology import Topology
+from prfaas.serve.router.shape import LiveShape
+from prfaas.serve.topology import Topology, WorkerSpec
 
 
 def build_policy(topology: Topology) -> Router:
@@ -85,6 +89,10 @@ class RouterService:
         self.cache_events = engine.cache_events(self.manager)
         self.membership = Membership(topology, self.cluster, None,
                                      on_restart=self._forget)
+        self.shape: LiveShape | None = None  # the shape controller (serve/router/shape.py)
+        if topology.shape is not None:
+            self.shape = LiveShape(self, ShapeController(live_plan_inputs(topology),
+                                                         topology.shape))
         self.active = 0  # requests accepted and not finished (admission.max_inflight)
         self._session: aiohttp.ClientSession | None = None
         self._dispatcher: Dispatcher | None = None
@@ -105,9 +113,27 @@ class RouterService:
             web.post("/link", self.link_telemetry),
             web.get("/metrics", self.prometheus),
         ])
+        if self.shape is not None:
+            app.add_routes([web.get("/shape", self.shape.get),
+                            web.post("/shape/change", self.shape.change),
+                            web.post("/shape/switch", self.shape.switch),
+                            web.post("/shape/join", self.shape.join)])
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
+
+    def replace_worker(self, spec: WorkerSpec) -> None:
+        """`spec.name` serves as `spec` from now (a role change, serve/router/shape.py): the
+        topology every part of the router reads, its bookkeeping and cost model, and its
+        prefix cache (gone with the restart)."""
+        workers = tuple(spec if w.name == spec.name else w for w in self.topology.workers)
+        topology = replace(self.topology, workers=workers)
+        self.topology = self.membership.topology = self.cluster.topology = topology
+        if self._dispatcher is not None:
+            self._dispatcher.topology = topology
+        model = engine_backend(topology).prefill_models().get(spec.name)
+        self.cluster.replace_worker(spec, model)
+        self._forget(spec.name)
 
     def _forget(self, name: str) -> None:
         """A worker restarted: its cache is empty."""
@@ -130,11 +156,16 @@ class RouterService:
             # an engine's evictions need not keep a pool prefix-closed: check every block
             self._dispatcher.exact_match = True
             self.cache_events.start()
+        if self.shape is not None:
+            self._dispatcher.observers.append(self.shape.observe_route)
+            self.shape.start()
         self.membership.start()
 
     async def _stop(self, _: web.Application) -> None:
         if self.request_log is not None:
             self.request_log.close()
+        if self.shape is not None:
+            await self.shape.stop()
         await self.membership.stop()
         if self.cache_events is not None:
             await self.cache_events.stop()
@@ -160,7 +191,9 @@ class RouterService:
                                   "workers": [w.name for w in self.topology.workers],
                                   "policy": self.policy.name,
                                   "degraded": self.membership.degraded,
-                                  "members": self.membership.to_json()})
+                                  "members": self.membership.to_json(),
+                                  **({"shape_change": self.shape.to_json()["change"]}
+                                     if self.shape is not None else {})})
 
     async def models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
@@ -213,6 +246,18 @@ class RouterService:
             self.metrics.worker_up.set(1.0 if state.up else 0.0, worker=name)
             self.metrics.restarts.set(float(state.restarts), worker=name)
         self.metrics.degraded.set(1.0 if self.membership.degraded else 0.0)
+        for w in self.topology.workers:
+            for role in ("prfaas", "pd-p", "pd-d"):
+                self.metrics.worker_role.set(1.0 if w.role == role else 0.0, worker=w.name,
+                                             role=role)
+        if self.shape is not None:
+            for outcome, count in self.shape.controller.outcomes.items():
+                self.metrics.shape_decisions.set(float(count), outcome=outcome)
+            draining = self.cluster.draining
+            for w in self.topology.workers:
+                if w.role in ("pd-p", "pd-d"):
+                    self.metrics.shape_draining.set(1.0 if w.name in draining else 0.0,
+                                                    worker=w.name)
         self.metrics.active.set(float(self.active))
         if self.cache_events is not None:
             for name, st in self.cache_events.stats.items():

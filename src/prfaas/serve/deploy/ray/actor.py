@@ -8,7 +8,9 @@ KV transport are prfaas's own and nothing of them passes through Ray. Its contra
 - the child exits -> the actor exits with it (os._exit), so Ray restarts the actor
   (max_restarts) and with it the process: Ray, not prfaas's supervisor, does the restarting.
 - the actor dies (its node, a kill) -> the child gets SIGKILL (PR_SET_PDEATHSIG), so no
-  process outlives its actor and a restart finds its port free.
+  process outlives its actor and a restart finds its port free;
+- `relaunch(text)` (a role change, serve/deploy/ray/shape.py) stops the child and starts it
+  again from a new resolved topology, in the same actor: that stop is not a death.
 The child's environment carries PRFAAS_NODE_ID, which its /health reports (serve/placement.py).
 """
 
@@ -93,6 +95,8 @@ class ComponentActor:
         self.proc: subprocess.Popen[bytes] | None = None
         self.probe_tls: ssl.SSLContext | None = None  # the router's identity, under TLS
         self.stopping = False
+        self._retired: set[int] = set()  # pids stopped on purpose (a relaunch)
+        self._trial: int | None = None  # a relaunched pid not yet healthy: may fail to start
         self.restarted = ctx.was_current_actor_reconstructed
         text = ray.get(store.get.remote())
         if text is not None:  # a restart: the deployment is already resolved
@@ -102,7 +106,7 @@ class ComponentActor:
         """The node this actor landed on, and ports free there for the component to use."""
         return {"node_id": self.node_id, "ip": self.ip, "ports": free_ports(self.ip, num_ports)}
 
-    def launch(self, topology_text: str) -> int:
+    def launch(self, topology_text: str, trial: bool = False) -> int:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / f"topology.{self.name}.yaml"  # this node's copy
         path.write_text(topology_text)
@@ -116,12 +120,17 @@ class ComponentActor:
                 [sys.executable, "-m", "prfaas.serve.deploy.proc", "--topology", str(path),
                  "--name", self.name], stdout=log, stderr=subprocess.STDOUT, env=env,
                 preexec_fn=_die_with_parent)
+        if trial:  # before its watcher runs: an instant exit must not end the actor
+            self._trial = self.proc.pid
         threading.Thread(target=self._watch, args=(self.proc,), daemon=True).start()
         return self.proc.pid
 
     def _watch(self, proc: subprocess.Popen[bytes]) -> None:
         code = proc.wait()
-        if not self.stopping:  # it died: so does the actor, and Ray restarts both
+        if proc.pid == self._trial:  # a relaunch that did not start: the caller restores
+            return
+        if not self.stopping and proc.pid not in self._retired:  # it died: so does the
+            # actor, and Ray restarts both
             with open(self.log_dir / f"{self.name}.log", "ab") as log:
                 log.write(f"--- exited with code {code}; the actor exits for Ray to "
                           "restart it\n".encode())
@@ -139,6 +148,8 @@ class ComponentActor:
                 with urllib.request.urlopen(f"{url}/health", timeout=1.0,
                                             context=self.probe_tls) as resp:
                     if resp.status == 200:
+                        if self._trial == self.proc.pid:
+                            self._trial = None  # it started: a death from now is a death
                         return self.proc.pid
             except (urllib.error.URLError, OSError, ValueError):
                 pass
@@ -153,13 +164,27 @@ class ComponentActor:
         path = self.log_dir / f"{self.name}.log"
         return path.read_bytes()[-num_bytes:].decode(errors="replace") if path.exists() else ""
 
+    def relaunch(self, topology_text: str, timeout_s: float = 10.0) -> int:
+        """Stop the component (gracefully: SIGTERM) and start it from `topology_text`."""
+        if self.proc is not None:
+            self._retired.add(self.proc.pid)
+            self._end(self.proc, timeout_s)
+        with open(self.log_dir / f"{self.name}.log", "ab") as log:
+            log.write(f"--- {time.strftime('%H:%M:%S')} relaunched (a role change)\n".encode())
+        return self.launch(topology_text, trial=True)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self.stopping = True
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is not None:
+            self._end(self.proc, timeout_s)
+
+    @staticmethod
+    def _end(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+        if proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout_s)
+            proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+            proc.kill()
+            proc.wait(5)

@@ -9,9 +9,10 @@ answers /health on its node, then the router. With one address the Ray driver is
 with one address per datacenter each cluster gets its own driver process (part.py: a Ray driver
 connects to one cluster), and a component goes to the cluster of its resource, the router to
 the local DC's. Ray restarts a component whose process dies (`max_restarts`); the router's
-membership sees the worker go down and come back with a new pid, as on one host. `stop()` stops
-the router first, then the workers, and kills the actors. The surface (`url`, `topology`,
-`pid`, `stop`, the context manager) is the embedded launcher's.
+membership sees the worker go down and come back with a new pid, as on one host. With a
+topology `shape:` section a ShapeExecutor (shape.py) carries out the router's role changes.
+`stop()` stops the router first, then the workers, and kills the actors. The surface (`url`,
+`topology`, `pid`, `stop`, the context manager) is the embedded launcher's.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from prfaas.serve.deploy.ray.part import (
     RayDeploymentError,
     RemotePart,
 )
+from prfaas.serve.deploy.ray.shape import ShapeExecutor
 from prfaas.serve.deploy.ray.spec import ROUTER, RaySpec
+from prfaas.serve.engines import engine_backend
 from prfaas.serve.topology import Topology, WorkerSpec
 
 __all__ = ["NO_USAGE_STATS", "RayDeployment", "RayDeploymentError"]
@@ -58,6 +61,7 @@ class RayDeployment:
         self.placement = ({address: names} if isinstance(address, str)
                           else spec.clusters(topology, address))
         self.parts: list[Part] = []
+        self.executor: ShapeExecutor | None = None  # role changes, with `shape:`
 
     @property
     def url(self) -> str:
@@ -85,6 +89,9 @@ class RayDeployment:
         for key, value in NO_USAGE_STATS.items():
             os.environ.setdefault(key, value)
         kind = ClusterPart if isinstance(self.address, str) else RemotePart
+        backend = engine_backend(self.requested)
+        backend.prepare()  # e.g. vLLM: build the tiny model (at the same path on every node)
+        self.start_timeout_s = max(self.start_timeout_s, backend.start_timeout_s)
         try:
             for address, names in self.placement.items():
                 env = ({ROUTER: {API_KEY_ENV: self.api_key}}
@@ -103,16 +110,25 @@ class RayDeployment:
             self._each(lambda p: p.launch(text, {n: urls[n] for n in p.names if n in urls}))
             self._each(lambda p: p.launch(text, {ROUTER: self.url} if ROUTER in p.names
                                           else {}))
+            if self.topology.shape is not None:
+                self.executor = ShapeExecutor(self)
+                self.executor.start()
         except BaseException:
             self.stop()
             raise
 
     def _resolve(self, where: dict[str, dict[str, Any]]) -> Topology:
         """The requested topology at the nodes' addresses; port 0 -> a port free there."""
+        vllm = self.requested.vllm
+        events = vllm is not None and vllm.kv_events
+
         def place(w: WorkerSpec) -> WorkerSpec:
             at = where[w.name]
             kv_port = (w.kv_port or at["ports"][1]) if w.role == "pd-d" else 0
-            return replace(w, host=at["ip"], port=w.port or at["ports"][0], kv_port=kv_port)
+            events_port = (w.events_port or at["ports"][2]) if events and w.engine == "vllm" \
+                else w.events_port  # where a vLLM instance publishes its KV events
+            return replace(w, host=at["ip"], port=w.port or at["ports"][0], kv_port=kv_port,
+                           events_port=events_port)
 
         router = where[ROUTER]
         return replace(self.requested, workers=tuple(place(w) for w in self.requested.workers),
@@ -120,9 +136,17 @@ class RayDeployment:
                        router_port=self.requested.router_port or router["ports"][0])
 
     def _text(self) -> str:
+        return self.text_of(self.topology)
+
+    @staticmethod
+    def text_of(topology: Topology) -> str:
         import yaml
 
-        return yaml.safe_dump(self.topology.to_dict(), sort_keys=False)
+        return yaml.safe_dump(topology.to_dict(), sort_keys=False)
+
+    def part_of(self, name: str) -> Part:
+        """The cluster part that runs component `name`."""
+        return next(p for p in self.parts if name in p.names)
 
     def info(self) -> dict[str, dict[str, Any]]:
         """Each component's pid, Ray node id and address, as its actor reports them now."""
@@ -136,6 +160,9 @@ class RayDeployment:
         return pid
 
     def stop(self) -> None:
+        if self.executor is not None:
+            self.executor.stop()
+            self.executor = None
         # the router's cluster first: no new work reaches the workers
         for part in sorted(self.parts, key=lambda p: ROUTER not in p.names):
             part.stop(self._log)

@@ -3,11 +3,12 @@
 `TwoDatacenters(rate_gbps)` makes a network namespace joined to the host by a veth pair whose
 namespace side is shaped by `tc tbf` (netns.py, the live link's own helper), starts the PrfaaS
 cluster's Ray head *inside* it (`ray start --head --block` under `ip netns exec`, resource
-`dc_prfaas`) and the local cluster's head on the host (`dc_local` and `router`). Each head is
-a child process stopped by its pid (SIGTERM; `ray start --block` then stops the raylet, GCS and
-workers it started), never `ray stop`, which would end every Ray process on the host. Every
-port is chosen here: the namespace's are its own (a private network stack), the host's are
-free ports above 20000 (Ray's worker ports are 10002-19999). No usage statistics are sent.
+`dc_prfaas`) and the local cluster's head on the host (`dc_local` and `router`, at the host
+end of the veth). Each head is a child process stopped by its pid (SIGTERM; `ray start
+--block` then stops the raylet, GCS and workers it started), never `ray stop`, which would end
+every Ray process on the host. Every port is chosen here: the namespace's are its own (a
+private network stack), the host's are free ports above 20000 (Ray's worker ports are
+10002-19999). No usage statistics are sent.
 
 The local cluster is reached by its GCS address (this host is its node); the PrfaaS cluster by
 Ray Client (`ray://NS_IP:PORT`), as a driver in the other datacenter would reach it. Between
@@ -93,8 +94,7 @@ class RayHead:
             self.ip = self.netns.ns_ip
             numbers = list(range(NS_BASE_PORT, NS_BASE_PORT + len(PORT_FLAGS)))
             workers = (NS_BASE_PORT + 20, NS_BASE_PORT + 120)
-        else:
-            self.ip = ""  # Ray's own choice: the host's primary address
+        else:  # `ip` given (the veth's host end), never Ray's choice of the host's address
             numbers = ports_above_20000(len(PORT_FLAGS))
             workers = (10002, 19999)  # Ray's default range
         self.ports = dict(zip(PORT_FLAGS, numbers, strict=True))
@@ -107,8 +107,10 @@ class RayHead:
                "--min-worker-port", str(workers[0]), "--max-worker-port", str(workers[1])]
         for flag, number in self.ports.items():
             cmd += [flag, str(number)]
+        if self.ip:
+            cmd += ["--node-ip-address", self.ip]
         if self.netns is not None:
-            cmd = self.netns.wrap([*cmd, "--node-ip-address", self.ip])
+            cmd = self.netns.wrap(cmd)
         with open(os.path.join(self.temp_dir, "head.log"), "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                          env={**os.environ, **NO_USAGE_STATS},
@@ -135,10 +137,7 @@ class RayHead:
 
     @property
     def gcs_address(self) -> str:
-        from ray.util import get_node_ip_address  # the address Ray gives a node on this host
-
-        host = self.ip or get_node_ip_address()
-        return f"{host}:{self.ports['--port']}"
+        return f"{self.ip or '127.0.0.1'}:{self.ports['--port']}"
 
     @property
     def client_address(self) -> str:
@@ -185,7 +184,9 @@ def two_datacenters(rate_gbps: float, index: int | None = None) -> Iterator[TwoD
     try:
         link.route_via_host()
         prfaas = RayHead({"dc_prfaas": 1}, netns=link)
-        local = RayHead({"dc_local": 1, "router": 1})
+        # the local cluster's node at the veth's host end: reachable from the namespace (its
+        # PrfaaS workers ship KV to the decoders), never the host's interface address
+        local = RayHead({"dc_local": 1, "router": 1}, ip=link.host_ip)
         heads += [prfaas, local]
         for head in heads:  # both start at once
             head.start()

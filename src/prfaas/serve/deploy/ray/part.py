@@ -28,7 +28,7 @@ from prfaas.core.errors import PrfaasError
 
 NO_USAGE_STATS = {"RAY_USAGE_STATS_ENABLED": "0", "VLLM_NO_USAGE_STATS": "1"}
 MARK = "@@prfaas "
-OPS = ("place", "put", "launch", "info", "stop")
+OPS = ("place", "put", "launch", "relaunch", "ports", "info", "stop")
 
 
 class RayDeploymentError(PrfaasError):
@@ -71,7 +71,7 @@ class ClusterPart:
                 name=None, num_cpus=0, resources={resource: self.amount},
                 max_restarts=self.max_restarts, max_task_retries=-1,
             ).remote(name, self._store, self.log_dir, {**NO_USAGE_STATS, **self.env.get(name, {})})
-        return {n: ray.get(a.where.remote(2), timeout=self.timeout_s)
+        return {n: ray.get(a.where.remote(3), timeout=self.timeout_s)  # HTTP, KV, KV events
                 for n, a in self.actors.items()}
 
     def _connect(self, attempts: int = 3) -> None:
@@ -109,6 +109,28 @@ class ClusterPart:
                 ray.get(ref)
             except ray.exceptions.RayTaskError as exc:
                 raise RayDeploymentError(f"{name} did not start: {exc.cause}") from None
+
+    def ports(self, name: str, count: int) -> list[int]:
+        """`count` ports free now on the node of component `name`."""
+        import ray
+
+        where: dict[str, Any] = ray.get(self.actors[name].where.remote(count),
+                                        timeout=self.timeout_s)
+        ports: list[int] = where["ports"]
+        return ports
+
+    def relaunch(self, name: str, text: str, url: str) -> int:
+        """Restart component `name` from the resolved topology `text` (its new role) and wait
+        until it answers /health at `url`; its new pid."""
+        import ray
+
+        actor = self.actors[name]
+        ray.get(actor.relaunch.remote(text), timeout=self.timeout_s)
+        try:
+            pid: int = ray.get(actor.wait_healthy.remote(url, self.timeout_s))
+        except ray.exceptions.RayTaskError as exc:
+            raise RayDeploymentError(f"{name} did not start: {exc.cause}") from None
+        return pid
 
     def info(self) -> dict[str, dict[str, Any]]:
         import ray
@@ -191,6 +213,14 @@ class RemotePart:
 
     def launch(self, text: str, urls: dict[str, str]) -> None:
         self._call("launch", text=text, urls=urls)
+
+    def ports(self, name: str, count: int) -> list[int]:
+        result: list[int] = self._call("ports", name=name, count=count)
+        return result
+
+    def relaunch(self, name: str, text: str, url: str) -> int:
+        result: int = self._call("relaunch", name=name, text=text, url=url)
+        return result
 
     def info(self) -> dict[str, dict[str, Any]]:
         result: dict[str, dict[str, Any]] = self._call("info")
