@@ -1,8 +1,10 @@
 """Same seed, same results: `prfaas simulate --json` from two source trees on random configs.
 
-Run: python benchmarks/check_sim_equivalence.py REF_SRC [--cases 20] [--seed 1]
+Run: python benchmarks/check_sim_equivalence.py REF_SRC [--other SRC] [--cases 20] [--seed 1]
+     [--out PATH] [--label TEXT]
   REF_SRC is the reference tree's `src` (e.g. main's checkout before the ranked cluster view);
-  this tree's `src` is the other side. Each case draws a scenario scaled to a random instance
+  the other side is this tree's `src`, or `--other` (two exported commits compared without
+  checking either out). Each case draws a scenario scaled to a random instance
   count (1x to 60x the case study's 12), a system, a policy (threshold, cache-aware with trace
   prefix caches, the controller, Mooncake's baselines, TTFT-SLO admission), arrivals, prefill
   order, outages or role rebalancing, and compares the two JSON outputs key by key (wall-clock
@@ -130,6 +132,9 @@ def main() -> int:
     ap.add_argument("--cases", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--perturb", action="store_true")
+    ap.add_argument("--other", type=Path, default=SRC, help="the other side's src")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--label", default="", help="what is compared, for the JSON")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     cases, bad = [], 0
@@ -138,7 +143,7 @@ def main() -> int:
             argv = draw(rng, Path(tmp))
             ref, ref_err = run(args.ref_src, argv)
             mine_argv = [*argv, "--seed", "12345"] if args.perturb else argv
-            new, new_err = run(SRC, mine_argv)
+            new, new_err = run(args.other, mine_argv)
             if ref is None or new is None:  # an error on either side counts as a failure
                 diffs = [f"error: {ref_err!r} / {new_err!r}"]
             else:
@@ -153,9 +158,11 @@ def main() -> int:
             cases.append({"argv": shown, "identical": not diffs, "differences": len(diffs),
                           "error": ref_err or None,
                           "request_rows": rows})
-    if not args.perturb:
-        OUT.write_text(json.dumps({"reference": str(args.ref_src), "seed": args.seed,
-                                   "cases": cases, "all_identical": not bad}, indent=1) + "\n")
+    if args.out or not args.perturb:
+        (args.out or OUT).write_text(json.dumps({
+            "label": args.label, "reference": str(args.ref_src), "other": str(args.other),
+            "seed": args.seed, "perturb": args.perturb, "cases": cases,
+            "identical": args.cases - bad, "all_identical": not bad}, indent=1) + "\n")
     print(f"{args.cases - bad} of {args.cases} identical")
     return 1 if bad else 0
 
