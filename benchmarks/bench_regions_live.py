@@ -18,6 +18,14 @@ Sections (each on a fresh deployment, written to the JSON as it finishes):
   its plan, the near region at LOAD x plan; the near region's throughput and P90 TTFT over the
   fair run's, live and simulated (same requests, controller off). Must show with DRR: >= 0.90
   and <= 1.25; FCFS is the negative control.
+- `budget`: near's egress budget set to BUDGET_GBPS (scenario Gbps, ~1.2x the highest KV rate
+  one prefill emits, so near's KV is made by one PrfaaS prefill at a time) before planning, both
+  regions at BUDGET_LOAD x that plan for BUDGET_S scenario s; then the control, a fresh
+  deployment with the same plan and requests and no budget. Per destination: the picks at which
+  its budget held it back (gateway and simulator), the bytes its link carried (read at the host
+  end of its veth during the run and by the gateway's meter at the namespace end) and their rate
+  in BUDGET_WINDOW_S windows against the budget, the simulator beside
+  (experiments/regions_budget.py). Must show: near's budget_held > 0 live.
 - `capacity`: the PrfaaS-PD system's capacity along the plan's mix (both regions at x times
   their planned rates, x searched) live on one deployment, and by the same search in the
   simulator on the same requests (experiments/regions_capacity.py: probe.Search from a fixed
@@ -25,8 +33,9 @@ Sections (each on a fresh deployment, written to the JSON as it finishes):
   same function on both sides); beside them the simulator's 4000-request capacity
   (sim/regions_run.find_region_capacity, controller off) and the plan (x = 1).
 
-Run: flock /work/heavy.lock .venv/bin/python benchmarks/bench_regions_live.py [--quick]
-     [--only partition|fairness|capacity] [--fairness-s S] [--probe-s S] [--max-probes N]
+Run: /work/bin/heavy .venv/bin/python benchmarks/bench_regions_live.py [--quick]
+     [--only partition|fairness|budget|capacity] [--fairness-s S] [--probe-s S]
+     [--max-probes N]
 Writes benchmarks/results/regions_live.json (--quick: regions_live_quick.json).
 """
 
@@ -43,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from prfaas.emulated.scales import Scales
+from prfaas.experiments.regions_budget import budget_run, without_budgets
 from prfaas.experiments.regions_capacity import (
     CapacityOptions,
     MixProbe,
@@ -67,12 +77,18 @@ LOAD = 0.8  # fairness: as the simulator's fairness runs (0.85)
 PARTITION_LOAD = 0.6  # partition: queues short enough that a 60 s window's TTFT is not noise
 CUT = "far"
 HOG = "far"
+BUDGETED = "near"
+BUDGET_GBPS = 4.5  # scenario Gbps; the highest KV rate of one prefill is 3.71
+BUDGET_LOAD = 0.6
+BUDGET_S = 240.0
+BUDGET_WINDOW_S = 10.0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=("partition", "fairness", "capacity"), default=None)
+    parser.add_argument("--only", choices=("partition", "fairness", "budget", "capacity"),
+                        default=None)
     parser.add_argument("--fairness-s", type=float, default=240.0,
                         help="scenario seconds of arrivals per fairness run")
     parser.add_argument("--probe-s", type=float, default=CapacityOptions.probe_s,
@@ -122,6 +138,15 @@ def main() -> int:
             result[f"fairness_{policy}"] = run
             save()
             print(f"fairness {policy}: {run['victims']}", flush=True)
+    if args.only in (None, "budget"):
+        result["budget"] = budget_section()
+        save()
+        for label, run in result["budget"]["runs"].items():
+            near = run["regions"][BUDGETED]
+            print(f"budget, {label}: {BUDGETED} held live {near['live']['budget_held']} / sim "
+                  f"{near['sim']['budget_held']}; {BUDGET_WINDOW_S:g} s windows max "
+                  f"{near['live']['max_gbps']} Gbps live / {near['sim']['max_gbps']} sim, "
+                  f"budget {near['budget_gbps']}", flush=True)
     if args.only in (None, "capacity"):
         opts = CapacityOptions(probe_s=60.0 if args.quick else args.probe_s,
                                max_probes=4 if args.quick else args.max_probes)
@@ -138,6 +163,25 @@ def main() -> int:
               f"{c['sim']['bracket_scale']}, sim 4000-request x {c['sim_long']['scale']}",
               flush=True)
     return 0
+
+
+def budget_section() -> dict[str, Any]:
+    """The budgeted run, then the control (same plan and requests, no budget), each on a
+    fresh deployment."""
+    budgeted = regions_setup(SCENARIO, SCALES, budgets_gbps={BUDGETED: BUDGET_GBPS})
+    out: dict[str, Any] = {"destination": BUDGETED, "budget_gbps": BUDGET_GBPS,
+                           "planned_rps": {k: round(v, 4)
+                                           for k, v in budgeted.planned_rps().items()},
+                           "plan": budgeted.plan.to_json(), "runs": {}}
+    for label, setup in (("budget", budgeted), ("control_no_budget",
+                                                without_budgets(budgeted))):
+        t0 = time.time()
+        with setup.deployment() as dep:
+            run = budget_run(setup, dep, load=BUDGET_LOAD, duration_s=BUDGET_S,
+                             window_s=BUDGET_WINDOW_S)
+        run.update(wall_s=round(time.time() - t0, 1), loadavg_1m_end=os.getloadavg()[0])
+        out["runs"][label] = run
+    return out
 
 
 def capacity(setup: RegionsSetup, opts: CapacityOptions,

@@ -1,8 +1,10 @@
 """Same seed, same results: `prfaas simulate --json` from two source trees on random configs.
 
-Run: python benchmarks/check_sim_equivalence.py REF_SRC [--cases 20] [--seed 1]
+Run: python benchmarks/check_sim_equivalence.py REF_SRC [--other SRC] [--cases 20] [--seed 1]
+     [--out PATH] [--label TEXT]
   REF_SRC is the reference tree's `src` (e.g. main's checkout before the ranked cluster view);
-  this tree's `src` is the other side. Each case draws a scenario scaled to a random instance
+  the other side is this tree's `src`, or `--other` (two exported commits compared without
+  checking either out). Each case draws a scenario scaled to a random instance
   count (1x to 60x the case study's 12), a system, a policy (threshold, cache-aware with trace
   prefix caches, the controller, Mooncake's baselines, TTFT-SLO admission), arrivals, prefill
   order, outages or role rebalancing, and compares the two JSON outputs key by key (wall-clock
@@ -124,40 +126,61 @@ def run(src: Path, argv: list[str]) -> tuple[dict[str, Any] | None, str]:
     return {**strip(json.loads(done.stdout)), "requests_csv": rows}, ""
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("ref_src", type=Path)
-    ap.add_argument("--cases", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--perturb", action="store_true")
-    args = ap.parse_args()
+def compare(args: argparse.Namespace, n: int, perturb: bool) -> list[dict[str, Any]]:
+    """`n` drawn cases (the draw sequence of --seed), each run on both sides; with `perturb`
+    the other side runs on another seed (the negative control)."""
     rng = random.Random(args.seed)
-    cases, bad = [], 0
+    cases = []
     with tempfile.TemporaryDirectory() as tmp:
-        for k in range(args.cases):
+        for k in range(n):
             argv = draw(rng, Path(tmp))
             ref, ref_err = run(args.ref_src, argv)
-            mine_argv = [*argv, "--seed", "12345"] if args.perturb else argv
-            new, new_err = run(SRC, mine_argv)
+            mine_argv = [*argv, "--seed", "12345"] if perturb else argv
+            new, new_err = run(args.other, mine_argv)
             if ref is None or new is None:  # an error on either side counts as a failure
                 diffs = [f"error: {ref_err!r} / {new_err!r}"]
             else:
                 diffs = diff(ref, new)
             shown = [a if not a.endswith(".yaml") else Path(a).stem for a in argv]
             rows = len(ref["requests_csv"]) - 1 if ref is not None else 0
-            print(f"case {k:2d} {'identical' if not diffs else f'{len(diffs)} differences'}"
+            print(f"{'control ' if perturb else ''}case {k:2d} "
+                  f"{'identical' if not diffs else f'{len(diffs)} differences'}"
                   f" ({rows} request rows): {' '.join(shown)}", flush=True)
             for line in diffs[:5]:
                 print("    ", line)
-            bad += bool(diffs)
             cases.append({"argv": shown, "identical": not diffs, "differences": len(diffs),
-                          "error": ref_err or None,
-                          "request_rows": rows})
-    if not args.perturb:
-        OUT.write_text(json.dumps({"reference": str(args.ref_src), "seed": args.seed,
-                                   "cases": cases, "all_identical": not bad}, indent=1) + "\n")
-    print(f"{args.cases - bad} of {args.cases} identical")
-    return 1 if bad else 0
+                          "error": ref_err or None, "request_rows": rows})
+    return cases
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ref_src", type=Path)
+    ap.add_argument("--cases", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--perturb", action="store_true")
+    ap.add_argument("--control", type=int, default=0, metavar="N",
+                    help="then N cases with the other side on another seed, recorded beside")
+    ap.add_argument("--other", type=Path, default=SRC, help="the other side's src")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--label", default="", help="what is compared, for the JSON")
+    args = ap.parse_args()
+    cases = compare(args, args.cases, args.perturb)
+    same = sum(c["identical"] for c in cases)
+    out: dict[str, Any] = {"label": args.label, "reference": str(args.ref_src),
+                           "other": str(args.other), "seed": args.seed,
+                           "perturb": args.perturb, "cases": cases, "identical": same,
+                           "all_identical": same == len(cases)}
+    if args.control:
+        control = compare(args, args.control, True)
+        out["control"] = {"cases": control,
+                          "identical": sum(c["identical"] for c in control)}
+        print(f"control: {out['control']['identical']} of {args.control} identical")
+    if args.out or not args.perturb:
+        (args.out or OUT).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{same} of {args.cases} identical")
+    return 0 if same == len(cases) and not (args.control and out["control"]["identical"]) \
+        else 1
 
 
 if __name__ == "__main__":

@@ -113,3 +113,32 @@ def test_roles_take_their_systems_hardware() -> None:
     assert hardware_for(scaled, "naive_heterogeneous", "prfaas").name == "h200"
     with pytest.raises(ConfigError, match="no pd-p"):
         hardware_for(scaled, "naive_heterogeneous", "pd-p")
+
+
+def test_control_slowdown_slows_the_workers_not_the_routers_prior() -> None:
+    """The negative-control knob: workers sleep 1.05x their profile (prefill and decode), the
+    profile itself (the router's prior and the simulator's input) is unchanged; 1.0 (the
+    default, the control's control) sleeps the profile's time exactly."""
+    ids = prompt(2000)
+    slept = {}
+    for factor in (1.0, 1.05):
+        model = {**MODEL, "control_slowdown": factor} if factor != 1.0 else MODEL
+        clock = Clock()
+        p, d = emulated_engine(model, "prfaas"), emulated_engine(model, "pd-d")
+        p._sleep = d._sleep = clock
+        p._now = d._now = clock.now
+        layers: list[LayerKV] = []
+        r = p.prefill(ids, None, layers.append)
+        prefill_s = sum(clock.slept)
+        d.decode_step([DecodeSeq(d.import_kv(layers, None, ids), r.first_token)])
+        slept[factor] = (prefill_s, clock.slept[-1])
+        assert p.prefill_time is not None and d.decode_time is not None
+        assert prefill_s == pytest.approx(factor * p.prefill_time.seconds(2000), rel=1e-9)
+        assert clock.slept[-1] == pytest.approx(factor * d.decode_time.step_at(1), rel=0.05)
+    assert slept[1.05][0] == pytest.approx(1.05 * slept[1.0][0], rel=1e-9)
+    scaled, _ = scaled_from_model({**MODEL, "control_slowdown": 1.05})
+    assert hardware_for(scaled, "prfaas_pd", "prfaas").prefill == \
+        hardware_for(scaled_from_model(MODEL)[0], "prfaas_pd", "prfaas").prefill
+    for bad in (0.9, 11, "1.05", True):
+        with pytest.raises(ConfigError, match="control_slowdown"):
+            emulated_engine({**MODEL, "control_slowdown": bad}, "prfaas")

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
-from prfaas.experiments.probe import Bracket, ProbeResult, Search, judge
+from prfaas.experiments.probe import Bracket, Confirm, ProbeResult, Search, judge
 
 START_RPS = 1.0
 CAPACITIES = (0.3, 1.7, 2.45, 9.4, 55.0)
@@ -107,3 +108,74 @@ def test_judge_short_probe_at_low_load_is_sustained_and_overload_is_not() -> Non
     finish = ready + 5.0
     finish[7] = np.nan
     assert not judge(rate, arrival, ready, finish).sustainable
+
+
+def _served(arrival: np.ndarray, rate: float, speed: float) -> np.ndarray:
+    """A FIFO server at `speed` x the offered rate: ready times of the arrivals."""
+    out, t = np.empty(arrival.size), 0.0
+    for i, a in enumerate(arrival):
+        t = max(t, a) + 1 / (speed * rate)
+        out[i] = t
+    return out
+
+
+def test_margins_count_in_requests_what_decides_the_verdict() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(200):  # the margins' sign is the verdict, sustained or not
+        rate, n = float(rng.uniform(1, 20)), int(rng.integers(20, 400))
+        arrival = _uniform(rate, n) + rng.uniform(0, 0.3 / rate, n)
+        ready = _served(arrival, rate, float(rng.uniform(0.9, 1.1)))
+        finish = ready + 1.0
+        if rng.random() < 0.1:
+            finish[rng.integers(0, n)] = np.nan
+        p = judge(rate, arrival, ready, finish)
+        assert p.margin_requests is not None
+        assert p.sustainable == (p.margin_requests >= 0), p
+    # throughput: a probe whose window holds exactly the requests needed, then one fewer
+    rate, n = 10.0, 401
+    arrival = _uniform(rate, n)
+    ready = arrival + 0.05
+    # window [10, 40] s: 300 requests ready in it (arrived 10.0-39.9 s), 294 needed (98%)
+    p = judge(rate, arrival, ready, ready + 1)
+    assert p.margins["throughput"] == 300 - 294 and p.sustainable
+    late = ready.copy()
+    late[200:207] = 40.5  # 7 of them ready after the window: 293 in it, one short
+    p = judge(rate, arrival, late, late + 1)
+    assert p.margins["throughput"] == -1 and not p.sustainable
+    # the completion test counts the unfinished requests
+    finish = ready + 1
+    finish[:3] = np.nan
+    assert judge(rate, arrival, ready, finish).margins["completed"] == -3
+
+
+def _known(capacity: float, rates: list[float]) -> Callable[[float], ProbeResult]:
+    def probe(rate: float) -> ProbeResult:
+        rates.append(rate)
+        return verdict(rate, rate <= capacity)
+    return probe
+
+
+@pytest.mark.parametrize("off", [1.0, 0.6, 0.9, 1.08, 1.5])
+def test_confirm_finds_the_capacity_from_a_short_bracket_that_is_off(off: float) -> None:
+    capacity = 2.0
+    short = (Bracket(1.99, 2.02, True) if off == 1.0
+             else Bracket(capacity * off, capacity * off * 1.02, True))
+    if off != 1.0:  # the control: the short bracket handed in misses the capacity
+        assert not short.sustained_rps <= capacity < short.unsustained_rps  # type: ignore
+    rates: list[float] = []
+    b = Confirm(_known(capacity, rates), rel_tol=0.02, max_probes=12).run(short)
+    assert b.converged and b.sustained_rps is not None and b.unsustained_rps is not None
+    assert b.sustained_rps <= capacity < b.unsustained_rps
+    assert (b.unsustained_rps - b.sustained_rps) / b.sustained_rps <= 0.02
+    assert b.sustained_rps in rates and b.unsustained_rps in rates  # both ends long-judged
+    if off == 1.0:
+        assert rates == [short.sustained_rps, short.unsustained_rps]  # two long probes
+
+
+def test_confirm_reports_what_it_could_not_reach() -> None:
+    rates: list[float] = []
+    b = Confirm(_known(10.0, rates), max_probes=3).run(Bracket(1.0, 1.02, True))
+    assert b.unsustained_rps is None and not b.converged and len(rates) == 3
+    assert b.sustained_rps == max(rates)
+    assert Confirm(_known(1.0, []), max_probes=3).run(Bracket(1.0, None, False)) == \
+        Bracket(1.0, None, False)

@@ -3,10 +3,12 @@ router, its own kernel-shaped link into the PrfaaS namespace, the tenant gateway
 mechanism at small scale (the 60 s partition and the fairness figures are
 benchmarks/bench_regions_live.py's): one region's link cut carries no KV while the other
 region's keeps crossing and every request of both completes; per-tenant and per-destination
-metrics; a prefill without a tenant key is refused."""
+metrics, each destination's bytes metered at its own link; what the cut caught in flight; a
+prefill without a tenant key is refused."""
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +19,14 @@ import pytest
 from tiny_regions import write_regions
 
 from prfaas.emulated.scales import Scales
-from prfaas.experiments.regions_live import RegionRun, RegionsSetup, regions_setup, run_live
+from prfaas.experiments.regions_live import (
+    RegionRun,
+    RegionsSetup,
+    gateway_status,
+    in_flight_at_cut,
+    regions_setup,
+    run_live,
+)
 from prfaas.serve.deploy.netns import namespaces, netns_available
 from prfaas.serve.deploy.regions import RegionsDeployment
 
@@ -40,10 +49,15 @@ def live(tmp_path_factory: pytest.TempPathFactory
     with setup.deployment(folder / "logs") as dep:
         rates = {k: 0.6 * v for k, v in setup.planned_rps().items()}
         work = setup.workloads(rates, END_S / SCALES.time, seed=3)
-        marks: dict[str, float] = {}
+        marks: dict[str, Any] = {}
+
+        def cut() -> None:
+            dep.partition(CUT, True)
+            marks["at_cut"] = gateway_status(dep, "west")
+
         runs = run_live(setup, dep, work, 3, [
-            (T_CUT_S, lambda: dep.partition(CUT, True)),
-            (T_HEAL_S, lambda: dep.partition(CUT, False))])
+            (T_CUT_S, cut), (T_HEAL_S, lambda: dep.partition(CUT, False))])
+        time.sleep(1.5 * setup.gateway.meter_interval_s)  # the link meter reads once more
         with urllib.request.urlopen(f"{dep.gateway_url('west')}/metrics", timeout=10) as r:
             marks["metrics"] = r.read().decode()
         try:
@@ -95,3 +109,28 @@ def test_the_routers_carry_their_keys_and_a_keyless_prefill_is_refused(live: Any
     _, _, runs, marks = live
     assert marks["no_key_status"] == 401
     assert runs[CUT].remote.any()  # the router's key was accepted (a remote prefill ran)
+
+
+def test_each_destination_is_metered_at_its_own_link(live: Any) -> None:
+    """The gateway reads each region's bytes at its own veth: at least the KV it reported for
+    that region (headers come on top). Reading the other region's veth would fail for the
+    region that offloads more (east: about half its requests, west: ~8%)."""
+    _, _, _, marks = live
+    values = {line.split(" ")[0]: float(line.split(" ")[1])
+              for line in marks["metrics"].splitlines() if line and not line.startswith("#")}
+    link = {t: values[f'prfaas_destination_link_bytes_total{{destination="{t}"}}']
+            for t in ("east", "west")}
+    kv = {t: values[f'prfaas_destination_kv_bytes_total{{destination="{t}"}}']
+          for t in ("east", "west")}
+    assert kv["east"] > kv["west"] > 0
+    for t in ("east", "west"):
+        assert link[t] >= kv[t], (t, link, kv)
+
+
+def test_the_cut_records_what_it_caught_in_flight(live: Any) -> None:
+    _, _, runs, marks = live
+    caught = in_flight_at_cut(runs[CUT], T_CUT_S, marks["at_cut"], CUT)
+    assert caught["gateway_running"] is not None and caught["gateway_transferring"] is not None
+    assert caught["client_in_flight"] == caught["completed"] + caught["failed"]
+    assert caught["completed_after_retry"] <= caught["completed"]
+    assert caught["failed"] == 0  # every request completes (the test above)

@@ -8,6 +8,7 @@ import click
 
 from prfaas.cli.common import console, echo_json
 from prfaas.cli.simulate import config_from, system_options
+from prfaas.core.errors import ConfigError
 from prfaas.planner.search import plan_all
 from prfaas.scenario import load_scenario
 from prfaas.sim.capacity import CapacityResult, Probe, find_capacity, search_rates
@@ -30,6 +31,9 @@ def command(scenario_name: str, system: str, threshold: int | None, n_p: int | N
             ray_address: str | None) -> None:
     """Search the offered rate: sustainable = throughput >= 98% of offered, no growing queue."""
     scenario = load_scenario(scenario_name)
+    if scenario.pd_clusters and ray_address is not None:
+        raise ConfigError("--ray", ray_address, f"{scenario.name} has several PD clusters, "
+                          "whose capacity search runs locally only; drop --ray")
     if scenario.pd_clusters:  # several PD clusters: along the plan's mix, PrfaaS-PD with DRR
         from prfaas.cli.regions import capacity_command
 

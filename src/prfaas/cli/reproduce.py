@@ -43,15 +43,27 @@ from prfaas.sim.system import SYSTEMS
               "root); writes outage.json.")
 @click.option("--load", type=float, default=0.7, show_default=True,
               help="With --outage: offered load, a fraction of the planner's capacity.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --live: the probe workloads' seed (repeat a search on others).")
+@click.option("--control-slowdown", type=click.FloatRange(1.0, 10.0), default=1.0,
+              show_default=True, help="With --live, a negative control: the emulated workers "
+              "run this factor slower than the profile the router and the simulator use, so "
+              "the live capacity must fall and the simulator's stay.")
 def command(scenario_name: str, out_dir: str, live: bool, quick: bool,
             scales_text: str | None, keep_logs: bool, fluctuation: bool,
-            outage_text: str | None, load: float) -> None:
+            outage_text: str | None, load: float, seed: int,
+            control_slowdown: float) -> None:
     """Planner, simulated capacities, TTFT under load and plots for the case study."""
     started = time.perf_counter()
     scenario = load_scenario(scenario_name)
     if outage_text and not live:
         raise ConfigError("--outage", outage_text, "needs --live (the simulated outage is "
                           "`prfaas simulate --outage`)")
+    if (seed or control_slowdown != 1.0) and (not live or scenario.pd_clusters
+                                              or outage_text or fluctuation):
+        raise ConfigError("--seed/--control-slowdown", (seed, control_slowdown),
+                          "apply to `reproduce --live`'s capacity search of a one-PD-cluster "
+                          "scenario only")
     if scenario.pd_clusters:
         if live:
             from prfaas.cli.regions import reproduce_live_command
@@ -75,7 +87,8 @@ def command(scenario_name: str, out_dir: str, live: bool, quick: bool,
     if live:
         from prfaas.experiments.report import run_live_command
 
-        run_live_command(scenario, Path(out_dir), quick, scales_text, keep_logs)
+        run_live_command(scenario, Path(out_dir), quick, scales_text, keep_logs, seed,
+                         control_slowdown)
         return
     folder = Path(out_dir)
     with Progress(console=console, transient=True) as progress:

@@ -6,6 +6,11 @@ has in the named system: prfaas_pd: `prfaas` = the PrfaaS pool's, `pd-p` and `pd
 pool's; homogeneous_pd: the homogeneous pool's; naive_heterogeneous: `prfaas` = the naive
 prefill pool's, `pd-d` = the naive decode pool's. A role whose hardware lacks the profile it
 needs (prefill for prefill roles, decode for pd-d) is a ConfigError naming the hardware.
+
+`control_slowdown` (optional, >= 1; a negative control, not a setting): the workers sleep that
+factor longer than their profile, while the router's prior (`prefill_models`, `plan_inputs`)
+and the simulator keep the profile; a capacity measured live must then fall below the
+simulator's (experiments/live.py).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
 SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
 ROLES_OF = {"prfaas_pd": ("prfaas", "pd-p", "pd-d"), "homogeneous_pd": ("pd-p", "pd-d"),
             "naive_heterogeneous": ("prfaas", "pd-d")}
-_KEYS = {"backend", "scenario", "system", "scales"}
+_KEYS = {"backend", "scenario", "system", "scales", "control_slowdown"}
 BLOCK_ALIGN = 64
 
 
@@ -53,6 +58,15 @@ def scaled_from_model(model: dict[str, Any]) -> tuple[ScaledScenario, str]:
         raise ConfigError("model.scenario", model.get("scenario"), "must name a scenario")
     system = check_system(str(model.get("system", "prfaas_pd")))
     return _scaled(model["scenario"], Scales.from_json(model.get("scales"))), system
+
+
+def control_slowdown(model: dict[str, Any]) -> float:
+    """The model's `control_slowdown` (1.0 when absent): a number in [1, 10]."""
+    raw = model.get("control_slowdown", 1.0)
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 1.0 <= raw <= 10.0:
+        raise ConfigError("model.control_slowdown", raw,
+                          "a negative-control factor in [1, 10] (1: the profile's time)")
+    return float(raw)
 
 
 def hardware_for(scaled: ScaledScenario, system: str, role: str) -> HardwareProfile:
@@ -86,7 +100,8 @@ def emulated_engine(model: dict[str, Any], role: str) -> EmulatedEngine:
 
     scaled, system = scaled_from_model(model)
     hw = hardware_for(scaled, system, role)
-    return EmulatedEngine(scaled.layout, emulated_config(scaled), hw.prefill, hw.decode)
+    return EmulatedEngine(scaled.layout, emulated_config(scaled), hw.prefill, hw.decode,
+                          slowdown=control_slowdown(model))
 
 
 def emulated_plan_inputs(topology: Any) -> PlanInputs:

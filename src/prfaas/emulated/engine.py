@@ -14,6 +14,8 @@ by sleeps.
   another's produces other tokens than `generate` does.
 - decode: one step sleeps T'_step(batch); the KV is not extended during decode (nothing reads
   it), only the token list.
+- `slowdown` (a negative control, backend.py's `control_slowdown`): every sleep that factor
+  longer than the profile says.
 """
 
 from __future__ import annotations
@@ -121,11 +123,12 @@ class EmulatedEngine(EngineBase):
     def __init__(self, layout: EmulatedLayout, config: EngineConfig,
                  prefill_time: PrefillTime | None, decode_time: DecodeTime | None,
                  sleep: Callable[[float], None] = time.sleep,
-                 now: Callable[[], float] = time.perf_counter) -> None:
+                 now: Callable[[], float] = time.perf_counter, slowdown: float = 1.0) -> None:
         super().__init__(config)
         self.layout = layout
         self.prefill_time, self.decode_time = prefill_time, decode_time
         self._sleep, self._now = sleep, now
+        self.slowdown = slowdown
 
     def new_kv(self) -> SequenceKV:
         stores: list[Store] = [RowStore() if k == "M" else LinearStore({}, 0, 0)
@@ -141,7 +144,7 @@ class EmulatedEngine(EngineBase):
         start = self._check_prefix(token_ids, prefix)
         if self.prefill_time is None:
             raise ConfigError("engine", "prefill", "this emulated worker has no prefill profile")
-        seconds = self.prefill_time.seconds(len(token_ids), start)
+        seconds = self.prefill_time.seconds(len(token_ids), start) * self.slowdown
         base = prefix.snapshot_at(start) if prefix is not None else self.new_kv()
         kv = EmulatedKV(base.stores, list(token_ids))
         end, n = len(token_ids), self.layout.num_layers
@@ -218,7 +221,8 @@ class EmulatedEngine(EngineBase):
             token = token_of(getattr(seq.kv, "digest", 0), seq.step)
             seq.last_token, seq.step = token, seq.step + 1
             tokens.append(token)
-        self._sleep(max(t0 + self.decode_time.step_at(len(batch)) - self._now(), 0.0))
+        step_s = self.decode_time.step_at(len(batch)) * self.slowdown
+        self._sleep(max(t0 + step_s - self._now(), 0.0))
         return tokens
 
     def generate(self, token_ids: list[int], max_tokens: int,

@@ -23,6 +23,7 @@ from prfaas.emulated.backend import (
     emulated_config,
     hardware_for,
 )
+from prfaas.emulated.backend import control_slowdown as checked_slowdown
 from prfaas.emulated.scales import ScaledScenario, Scales, scale_scenario
 from prfaas.scenario import Scenario, load_scenario
 from prfaas.serve.deploy.netns import netns_available
@@ -47,8 +48,10 @@ class EmulatedSystem:
 def emulated_system(scenario: str | Scenario, system: str, scales: Scales | None = None, *,
                     link_emulation: str = "auto", policy: str | None = None,
                     policy_args: dict[str, Any] | None = None, n_p: int | None = None,
-                    n_d: int | None = None) -> EmulatedSystem:
-    """`n_p` / `n_d` override the planner's PD split (the pool size stays)."""
+                    n_d: int | None = None, control_slowdown: float = 1.0) -> EmulatedSystem:
+    """`n_p` / `n_d` override the planner's PD split (the pool size stays);
+    `control_slowdown` > 1 makes the workers (only) that much slower than the profile the
+    router and `sim_config` use: a negative control (backend.py)."""
     check_system(system)
     original = load_scenario(scenario) if isinstance(scenario, str) else scenario
     sc = scales or Scales()
@@ -74,13 +77,15 @@ def emulated_system(scenario: str | Scenario, system: str, scales: Scales | None
     topo = Topology(
         name=f"{original.name}/{system} (emulated)", workers=tuple(workers),
         model={"backend": "emulated", "scenario": ref, "system": system,
-               "scales": sc.to_json()},
+               "scales": sc.to_json(),
+               **({"control_slowdown": control_slowdown} if control_slowdown != 1.0 else {})},
         policy=policy or POLICY_OF[system], policy_args=args,
         link=LinkSpec(scaled.scenario.link_gbps, CONNECTIONS, emulation),
         intra_link=LinkSpec(None, 2), cache_capacity_bytes=0,
         timeouts=Timeouts(connect_s=10.0, prefill_s=600.0, kv_s=600.0, token_s=120.0),
         router_port=0)
     emulated_config(scaled)  # validates the context size
+    checked_slowdown(topo.model)  # validates the control factor
     sim = build_system(scaled.scenario, system, threshold_tokens=t_live, n_p=plan.n_p,
                        n_d=plan.n_d, kv_layers=scaled.layout.num_layers)
     return EmulatedSystem(topo, scaled, system, sim)

@@ -14,6 +14,15 @@ runs.py). (3) TTFT runs at one common load (90% of the smallest simulated capaci
 shares of the system's own live capacity, live and simulated on the same workload. Rates and
 times are in scenario units (live req/s x time scale, live s / time scale) and in live units;
 the mapping is scales.py's.
+
+Near the capacity a short probe's verdict can turn on a request or two, so each side then
+judges its bracket again with probes of `confirm_requests` requests (probe.Confirm: the lower
+end, then the upper, stepping by the bracket's width where a long probe disagrees); the
+capacity reported is the confirmed bracket's lower end, and every probe carries its margin in
+requests (probe.judge). `seed` draws other probe workloads and prompts (seed 0: the workloads
+of earlier runs). `control_slowdown` (a negative control, never a setting) makes the emulated
+workers sleep that factor longer than the profile the router and the simulator use: the live
+capacity must fall, the simulator's cannot move.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from typing import Any
 from prfaas.bench.calibration import per_request_error
 from prfaas.emulated.scales import Scales
 from prfaas.emulated.topology import EmulatedSystem, emulated_system
-from prfaas.experiments.probe import Bracket, ProbeResult, Search, stats
+from prfaas.experiments.probe import Bracket, Confirm, ProbeResult, Search, stats
 from prfaas.experiments.runs import RunRecord, deployed, live, probe_workload, simulated
 from prfaas.planner.search import plan_all
 from prfaas.scenario import Scenario
@@ -35,7 +44,22 @@ from prfaas.workload.arrivals import make_arrivals
 
 SYSTEMS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
 COMMON_SHARE = 0.9
-PROBE_SEED, TTFT_SEED = 0, 1
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """The workloads' seeds of one run: seed 0 keeps the earlier runs' probes (0) and TTFT
+    runs (1); seed s draws 10 s, 10 s + 1 and 10 s + 2 (confirming probes)."""
+
+    probe: int
+    ttft: int
+    confirm: int
+
+    @staticmethod
+    def of(seed: int) -> Seeds:
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, not {seed}")
+        return Seeds(10 * seed, 10 * seed + 1, 10 * seed + 2)
 
 
 @dataclass(frozen=True)
@@ -48,6 +72,8 @@ class LiveOptions:
     max_probes: int
     rel_tol: float  # the bracket's width (unsustained - sustained) / sustained at the end
     own_shares: tuple[float, ...]  # TTFT runs at these shares of the live capacity
+    confirm_requests: int = 0  # requests per confirming probe (0: no confirmation)
+    confirm_max_probes: int = 8
 
     def requests_for(self, rate_live_rps: float) -> int:
         return int(min(max(round(rate_live_rps * self.probe_s), self.min_requests),
@@ -59,11 +85,14 @@ class LiveOptions:
 
 # a probe of ~80-240 requests: shorter ones misjudge heavy-tailed systems (homogeneous PD's
 # long local prefills) as overloaded at half their capacity (checked on the simulator)
+# (checked on the simulator); the bracket is then confirmed with probes 3x the longest
 QUICK = LiveOptions(start_rps=1.0, probe_s=16.0, min_requests=80, max_requests=240,
-                    ttft_requests=120, max_probes=14, rel_tol=0.02, own_shares=())
+                    ttft_requests=120, max_probes=14, rel_tol=0.02, own_shares=(),
+                    confirm_requests=720)
 FULL = LiveOptions(start_rps=1.0, probe_s=32.0, min_requests=160, max_requests=480,
-                   ttft_requests=240, max_probes=16, rel_tol=0.02, own_shares=(0.9, 0.7))
-STEPS_PER_SYSTEM = 2 + 12 + 3  # sim, start, ~probes, TTFT runs (progress only)
+                   ttft_requests=240, max_probes=16, rel_tol=0.02, own_shares=(0.9, 0.7),
+                   confirm_requests=1440)
+STEPS_PER_SYSTEM = 2 + 12 + 3 + 3  # sim, start, ~probes, confirming, TTFT (progress only)
 
 
 METHOD = {
@@ -75,7 +104,12 @@ METHOD = {
              "client's clock (one host)",
     "sustained": "probe.judge: ready-event throughput in the steady window >= 98% of the "
                  "offered rate, no queue growth, every request completed",
-    "live_capacity_rps": "the highest sustained live probe (scenario units)"}
+    "confirm": "probe.Confirm on both sides: the short bracket judged again with probes of "
+               "options.confirm_requests requests, stepping by its width where they disagree",
+    "margin_requests": "per probe, the smallest criterion margin in requests (probe.judge): "
+                       ">= 0 sustained by that many, < 0 short by that many",
+    "live_capacity_rps": "the confirmed bracket's lower end (scenario units); without "
+                         "confirmation the highest sustained live probe"}
 
 
 def _run_json(rec: RunRecord, a: float) -> dict[str, Any]:
@@ -97,6 +131,18 @@ def _run_json(rec: RunRecord, a: float) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class SimCapacity:
+    """The simulator's side of one system: the short search, its confirmation, the answer and
+    the simulator's own 4000-request capacity (live req/s)."""
+
+    search: Search[ProbeResult]
+    short: Bracket
+    confirm: Confirm[ProbeResult]
+    bracket: Bracket
+    standard_rps: float
+
+
 def egress_gbps(rec: RunRecord, sc: Scales) -> float:
     """Mean inter-DC egress over the run, in scenario Gbps (live bytes/s x time / bytes)."""
     return rec.link_bytes * 8 / max(rec.span_s, 1e-9) / 1e9 * sc.time / sc.bytes
@@ -104,8 +150,9 @@ def egress_gbps(rec: RunRecord, sc: Scales) -> float:
 
 class SystemRun:
     def __init__(self, es: EmulatedSystem, options: LiveOptions, tick: Callable[[str], None],
-                 log_dir: Path | None) -> None:
+                 log_dir: Path | None, seed: int = 0) -> None:
         self.es, self.options, self.tick, self.log_dir = es, options, tick, log_dir
+        self.seeds = Seeds.of(seed)
         s = es.scaled.scenario
         self.lengths, self.out_tokens = s.lengths, s.output_tokens
         self.a = es.scaled.scales.time
@@ -120,14 +167,25 @@ class SystemRun:
         o = self.options
         return Search(probe, self.start_live_rps, rel_tol=o.rel_tol, max_probes=o.max_probes)
 
-    def sim_capacity(self, planner_rps: float) -> tuple[Search, Bracket, float]:
-        search = self.search(lambda r: simulated(self.es.sim_config,
-                                                 self.workload(r, PROBE_SEED)).result)
-        bracket = search.run()
-        standard = find_capacity(self.es.sim_config, self.lengths, self.out_tokens,
+    def confirmed(self, probe: Callable[[float, int], ProbeResult], short: Bracket
+                  ) -> tuple[Confirm, Bracket]:
+        """The short bracket judged again with long probes (`probe(rate, n)`); without
+        `confirm_requests` nothing is probed and the short bracket stands."""
+        n = self.options.confirm_requests
+        confirm = Confirm(lambda r: probe(r, n), self.options.rel_tol,
+                          self.options.confirm_max_probes if n else 0)
+        return confirm, (confirm.run(short) if n else short)
+
+    def sim_capacity(self, planner_rps: float) -> SimCapacity:
+        cfg, seeds = self.es.sim_config, self.seeds
+        search = self.search(lambda r: simulated(cfg, self.workload(r, seeds.probe)).result)
+        short = search.run()
+        confirm, bracket = self.confirmed(
+            lambda r, n: simulated(cfg, self.workload(r, seeds.confirm, n)).result, short)
+        standard = find_capacity(cfg, self.lengths, self.out_tokens,
                                  make_arrivals("uniform"), requests=4000, seed=0,
                                  guess_rps=planner_rps).max_rps
-        return search, bracket, standard
+        return SimCapacity(search, short, confirm, bracket, standard)
 
     def live_phase(self, common_rps: float) -> dict[str, Any]:
         with deployed(self.es.topology, self.log_dir) as dep:
@@ -146,16 +204,19 @@ class SystemRun:
                           f"{'ok' if r.sustainable else 'over'}")
                 return rec
 
-            search = self.search(lambda r: run("probe", r, PROBE_SEED).result)
-            bracket = search.run()
+            seeds = self.seeds
+            search = self.search(lambda r: run("probe", r, seeds.probe).result)
+            short = search.run()
+            _, bracket = self.confirmed(
+                lambda r, n: run("confirm", r, seeds.confirm, n).result, short)
             capacity = bracket.sustained_rps or 0.0
             for label, rate in (("common", common_rps),
                                 *((f"own{round(100 * f)}", f * capacity)
                                   for f in self.options.own_shares)):
                 if rate > 0:
-                    rec = run(label, rate, TTFT_SEED, self.options.ttft_requests)
+                    rec = run(label, rate, seeds.ttft, self.options.ttft_requests)
                     self.pairs[label] = (rec, runs[-1][2])
-        return {"bracket": bracket, "runs": runs}
+        return {"bracket": bracket, "short_bracket": short, "runs": runs}
 
     def _model_name(self) -> str:
         from prfaas.emulated.backend import emulated_config
@@ -165,22 +226,26 @@ class SystemRun:
 
 def reproduce_live(scenario: Scenario, out_dir: Path, options: LiveOptions,
                    scales: Scales | None = None, tick: Callable[[str], None] = lambda _: None,
-                   keep_logs: bool = False) -> dict[str, Any]:
+                   keep_logs: bool = False, seed: int = 0, control_slowdown: float = 1.0,
+                   systems_run: tuple[str, ...] = SYSTEMS) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     sc = scales or Scales()
     plans = plan_all(scenario, mode="exact")
-    systems = {n: SystemRun(emulated_system(scenario, n, sc), options, tick,
-                            out_dir / "logs" / n if keep_logs else None) for n in SYSTEMS}
-    sims: dict[str, tuple[Search, Bracket, float]] = {}
+    systems = {n: SystemRun(emulated_system(scenario, n, sc, control_slowdown=control_slowdown),
+                            options, tick, out_dir / "logs" / n if keep_logs else None, seed)
+               for n in systems_run}
+    sims: dict[str, SimCapacity] = {}
     for name, sr in systems.items():
         sims[name] = sr.sim_capacity(plans.systems[name].lambda_max / sc.time)
         tick(f"{name}: simulated capacity")
-    common = COMMON_SHARE * min(v[1].sustained_rps or 0.0 for v in sims.values())
+    common = COMMON_SHARE * min(v.bracket.sustained_rps or 0.0 for v in sims.values())
     out: dict[str, Any] = {}
     for name, sr in systems.items():
         phase = sr.live_phase(common)
         out[name] = _system_json(sr, phase, sims[name], plans.systems[name].lambda_max, sc)
-    return _result(scenario, sc, options, out, common * sc.time, plans)
+    result = _result(scenario, sc, options, out, common * sc.time, plans)
+    result.update(seed=seed, seeds=vars(Seeds.of(seed)), control_slowdown=control_slowdown)
+    return result
 
 
 def _bracket_json(b: Bracket, a: float) -> list[float | None]:
@@ -192,15 +257,34 @@ def _probe_json(p: ProbeResult, a: float) -> dict[str, Any]:
     return {"rate_rps": round(p.rate_rps * a, 5), "sustained": p.sustainable,
             "throughput_rps": round(p.throughput_rps * a, 5),
             "queue_growth": round(p.queue_growth, 3), "completed": p.completed,
-            "requests": p.requests}
+            "requests": p.requests, "margin_requests": p.margin_requests,
+            "margins": p.margins}
 
 
-def _system_json(sr: SystemRun, phase: dict[str, Any], sim: tuple[Search, Bracket, float],
+def _paired(rec: RunRecord, srec: RunRecord, a: float) -> dict[str, Any]:
+    """A live probe with the simulator's verdict on the very same workload beside it."""
+    return {**_probe_json(rec.result, a), "sim_same_workload": {
+        "sustained": srec.result.sustainable,
+        "throughput_rps": round(srec.result.throughput_rps * a, 5),
+        "margin_requests": srec.result.margin_requests}}
+
+
+def _edges(probes: list[dict[str, Any]], bracket: list[float | None]) -> dict[str, Any]:
+    """The margins of the verdicts that decided the bracket: the last probe at each end."""
+    out: dict[str, Any] = {}
+    for key, rate in zip(("sustained", "unsustained"), bracket, strict=True):
+        hits = [p for p in probes if rate is not None and p["rate_rps"] == rate
+                and p["sustained"] == (key == "sustained")]
+        out[key] = None if not hits else {"rate_rps": rate, "requests": hits[-1]["requests"],
+                                          "margin_requests": hits[-1]["margin_requests"]}
+    return out
+
+
+def _system_json(sr: SystemRun, phase: dict[str, Any], sim: SimCapacity,
                  planner_rps: float, sc: Scales) -> dict[str, Any]:
     a = sc.time
     bracket: Bracket = phase["bracket"]
-    sim_search, sim_bracket, sim_4000 = sim
-    cap, sim_cap = bracket.sustained_rps, sim_bracket.sustained_rps
+    cap, sim_cap = bracket.sustained_rps, sim.bracket.sustained_rps
     ttft = {}
     for label, (rec, srec) in sr.pairs.items():
         ttft[label] = {"live": _run_json(rec, a), "sim": _run_json(srec, a),
@@ -208,23 +292,30 @@ def _system_json(sr: SystemRun, phase: dict[str, Any], sim: tuple[Search, Bracke
                        "sim_egress_gbps": round(egress_gbps(srec, sc), 3)}
     runs = [{"kind": label, "live": _run_json(rec, a), "sim": _run_json(srec, a)}
             for label, rec, srec in phase["runs"]]
-    # each live probe with the simulator's verdict on the very same workload beside it
-    probes = [{**_probe_json(rec.result, a), "sim_same_workload": {
-                  "sustained": srec.result.sustainable,
-                  "throughput_rps": round(srec.result.throughput_rps * a, 5)}}
-              for label, rec, srec in phase["runs"] if label == "probe"]
+    probes = [_paired(rec, srec, a) for label, rec, srec in phase["runs"] if label == "probe"]
+    confirm = [_paired(rec, srec, a) for label, rec, srec in phase["runs"]
+               if label == "confirm"]
+    sim_probes = [_probe_json(p, a) for p in sim.search.probes]
+    sim_confirm = [_probe_json(p, a) for p in sim.confirm.probes]
+    live_b, sim_b = _bracket_json(bracket, a), _bracket_json(sim.bracket, a)
     return {
         "live_capacity_rps": None if cap is None else round(cap * a, 4),
         "live_capacity_live_rps": None if cap is None else round(cap, 4),
-        "bracket_rps": _bracket_json(bracket, a),
+        "bracket_rps": live_b,
         "bracket_width": None if bracket.width is None else round(bracket.width, 4),
         "converged": bracket.converged, "probes": probes,
+        "short_bracket_rps": _bracket_json(phase["short_bracket"], a),
+        "confirm_probes": confirm,
+        "bracket_margins": _edges(confirm or probes, live_b),
         "sim_capacity_rps": None if sim_cap is None else round(sim_cap * a, 4),
-        "sim_bracket_rps": _bracket_json(sim_bracket, a),
-        "sim_bracket_width": None if sim_bracket.width is None else round(sim_bracket.width, 4),
-        "sim_converged": sim_bracket.converged,
-        "sim_probes": [_probe_json(p, a) for p in sim_search.probes],
-        "sim_capacity_4000_rps": round(sim_4000 * a, 4),
+        "sim_bracket_rps": sim_b,
+        "sim_bracket_width": None if sim.bracket.width is None else round(sim.bracket.width, 4),
+        "sim_converged": sim.bracket.converged,
+        "sim_probes": sim_probes,
+        "sim_short_bracket_rps": _bracket_json(sim.short, a),
+        "sim_confirm_probes": sim_confirm,
+        "sim_bracket_margins": _edges(sim_confirm or sim_probes, sim_b),
+        "sim_capacity_4000_rps": round(sim.standard_rps * a, 4),
         "planner_exact_rps": round(planner_rps, 4),
         "live_over_sim": round(cap / sim_cap, 4) if cap and sim_cap else None,
         "topology": {"workers": len(sr.es.topology.workers),
@@ -251,16 +342,17 @@ def calibration(pairs: dict[str, tuple[RunRecord, RunRecord]], a: float) -> dict
 
 def _result(scenario: Scenario, sc: Scales, options: LiveOptions, systems: dict[str, Any],
             common_rps: float, plans: Any) -> dict[str, Any]:
-    base = systems["homogeneous_pd"]
+    base = systems.get("homogeneous_pd", {})
 
     def ratios(key: str) -> dict[str, float | None]:
-        return {n: round(v[key] / base[key], 4) if v[key] and base[key] else None
+        return {n: round(v[key] / base[key], 4) if v[key] and base.get(key) else None
                 for n, v in systems.items()}
 
     ratio, sim_ratio = ratios("live_capacity_rps"), ratios("sim_capacity_rps")
     return {"scenario": scenario.name, "backend": "emulated", "scales": sc.to_json(),
             "options": options.to_json(), "common_rps": round(common_rps, 4),
-            "live_ratio": ratio["prfaas_pd"], "live_ratios": ratio, "sim_ratios": sim_ratio,
+            "live_ratio": ratio.get("prfaas_pd"), "live_ratios": ratio,
+            "sim_ratios": sim_ratio,
             "method": METHOD, "systems": systems,
             "units": "rates in scenario req/s (live x time scale), times in scenario s "
                      "(live / time scale), egress in scenario Gbps"}

@@ -17,7 +17,15 @@ then sampled, on both sides (runs.py). Sustainable at offered rate r:
 - every request completed.
 This is the simulator's capacity criterion (sim/capacity.py) with ready events in place of
 completions, for probes short enough to run live. `Search` is the one capacity search both
-sides run.
+sides run; `confirm` re-judges its bracket with longer probes.
+
+Each verdict carries its margin in requests (`ProbeResult.margins`): per criterion, how many
+requests it passed by (>= 0) or failed by (< 0): ready events in the window over the count the
+throughput test needs; the queue allowance over the growth (requests in the system); for the
+completion test, completed - requests when some did not complete. `margin_requests` is the
+smallest of them: a sustained probe with margin 1.5 would have failed with two requests fewer
+in its window (or two more in its queue), an unsustained one with margin -1 was one request
+short. A verdict whose margin is within a request or two was decided by noise.
 """
 
 from __future__ import annotations
@@ -46,6 +54,12 @@ class ProbeResult:
     requests: int
     ttft_s: dict[str, float]
     e2e_s: dict[str, float]
+    margins: dict[str, float] = field(default_factory=dict)  # requests, per criterion
+
+    @property
+    def margin_requests(self) -> float | None:
+        """The verdict's margin: the smallest criterion margin (module docstring)."""
+        return min(self.margins.values()) if self.margins else None
 
     def to_json(self) -> dict[str, Any]:
         return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in vars(self).items()}
@@ -76,11 +90,17 @@ def judge(rate_rps: float, arrival: FloatArray, ready: FloatArray, finish: Float
     mean = float(seen.mean()) if n else 0.0
     completed = int(np.isfinite(finish).sum())
     deficit = rate_rps * (last - lo) - in_window
+    allowance = max(GROWTH_MIN, GROWTH_SHARE * mean)
     ok = ((throughput >= THROUGHPUT_SHARE * rate_rps or deficit <= THROUGHPUT_MIN_DEFICIT)
-          and completed == n
-          and growth <= max(GROWTH_MIN, GROWTH_SHARE * mean))
+          and completed == n and growth <= allowance)
+    # the same tests counted in requests: in_window passes iff >= `needed`
+    expected = rate_rps * (last - lo)
+    needed = min(THROUGHPUT_SHARE * expected, expected - THROUGHPUT_MIN_DEFICIT)
+    margins = {"throughput": round(in_window - needed, 2), "queue": round(allowance - growth, 2)}
+    if completed < n:
+        margins["completed"] = float(completed - n)
     return ProbeResult(round(rate_rps, 6), bool(ok), throughput, growth, mean, completed, n,
-                       stats(ready - arrival), stats(finish - arrival))
+                       stats(ready - arrival), stats(finish - arrival), margins)
 
 
 @dataclass(frozen=True)
@@ -143,6 +163,67 @@ class Search(Generic[V]):
                 hi = mid
         converged = lo is not None and hi is not None and hi - lo <= self.rel_tol * lo
         return Bracket(lo, hi, converged)
+
+    def _ok(self, rate: float) -> bool:
+        result = self.probe(rate)
+        self.probes.append(result)
+        return result.sustainable
+
+
+@dataclass
+class Confirm(Generic[V]):
+    """A search's bracket judged again with longer probes (`probe` runs them), so that the
+    verdicts at the capacity rest on more requests than a short probe holds. From the short
+    bracket [lo, hi]: lo is probed; while the long verdicts agree with each other the rate
+    walks away from lo (up from a sustained lo, first to hi; down from an unsustained one) by
+    a step that squares each time (hi / lo, then its square, ...), so a short bracket that was
+    far off is left in a few probes; once one sustained and one unsustained long probe
+    bracket the capacity, it is bisected until (unsustained - sustained) / sustained <=
+    `rel_tol`. The answer's two ends were both judged on long probes; without both after
+    `max_probes` it is returned unconverged (None at an end never reached). A short bracket
+    without both ends is returned unconfirmed."""
+
+    probe: Callable[[float], V]
+    rel_tol: float = 0.02
+    max_probes: int = 6
+    probes: list[V] = field(default_factory=list)
+
+    def run(self, short: Bracket) -> Bracket:
+        lo, hi = short.sustained_rps, short.unsustained_rps
+        if lo is None or hi is None or self.max_probes < 1:
+            return Bracket(lo, hi, False)
+        step = hi / lo
+        ok_at: float | None = None
+        over_at: float | None = None
+        if self._ok(lo):
+            ok_at, rate = lo, hi
+            while self._left():
+                if not self._ok(rate):
+                    over_at = rate
+                    break
+                ok_at, step = rate, step * step
+                rate = ok_at * step
+        else:
+            over_at, rate = lo, lo / step
+            while self._left():
+                if self._ok(rate):
+                    ok_at = rate
+                    break
+                over_at, step = rate, step * step
+                rate = over_at / step
+        while (ok_at is not None and over_at is not None
+               and over_at - ok_at > self.rel_tol * ok_at and self._left()):
+            mid = (ok_at + over_at) / 2
+            if self._ok(mid):
+                ok_at = mid
+            else:
+                over_at = mid
+        converged = (ok_at is not None and over_at is not None
+                     and over_at - ok_at <= self.rel_tol * ok_at)
+        return Bracket(ok_at, over_at, converged)
+
+    def _left(self) -> bool:
+        return len(self.probes) < self.max_probes
 
     def _ok(self, rate: float) -> bool:
         result = self.probe(rate)

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from prfaas.bench.loadgen import Result, run_load
+from prfaas.core.errors import ConfigError
 from prfaas.emulated.backend import EmulatedEngineBackend, emulated_config
 from prfaas.emulated.scales import ScaledScenario, Scales, scale_lengths, scale_scenario
 from prfaas.experiments.runs import prompts
@@ -101,11 +102,26 @@ class RegionsSetup:
                         w.output_tokens * sc.output, f"{w.source} (scenario units)")
 
 
+def with_budgets(s: Scenario, budgets_gbps: Mapping[str, float | None]) -> Scenario:
+    """`s` with these PD clusters' `egress_budget_gbps` (scenario Gbps; None: none)."""
+    unknown = sorted(set(budgets_gbps) - {r.name for r in s.pd_clusters})
+    if unknown:
+        raise ConfigError("budgets", unknown[0], f"not a PD cluster of {s.name}")
+    return replace(s, pd_clusters=tuple(
+        replace(r, egress_budget_gbps=budgets_gbps[r.name]) if r.name in budgets_gbps else r
+        for r in s.pd_clusters))
+
+
 def regions_setup(scenario: str, scales: Scales | None = None, share_policy: str = "drr",
-                  keys: Mapping[str, str] | None = None) -> RegionsSetup:
+                  keys: Mapping[str, str] | None = None,
+                  budgets_gbps: Mapping[str, float] | None = None) -> RegionsSetup:
     """`scenario`: a name or path of a scenario with `pd_clusters` (the workers load it by
-    this reference); `keys`: tenant keys (default: random per run)."""
+    this reference); `keys`: tenant keys (default: random per run); `budgets_gbps`: egress
+    budgets (scenario Gbps) set on those PD clusters before planning, as the scenario's own
+    `egress_budget_gbps` would be (the plan, the simulator and the gateway all take them)."""
     s = load_scenario(scenario)
+    if budgets_gbps:
+        s = with_budgets(s, budgets_gbps)
     sc = scales or Scales()
     scaled = scale_scenario(s, sc)
     plan = plan_regions(s, "exact")["prfaas_pd"]
@@ -164,6 +180,8 @@ class RegionRun:
     ok: np.ndarray
     status: np.ndarray
     errors: tuple[str, ...]
+    offered: np.ndarray | None = None  # bool: first routed to the PrfaaS cluster (live)
+    retried: np.ndarray | None = None  # bool: retried or resumed after a failed attempt
 
 
 def _record(results: list[Result]) -> RegionRun:
@@ -183,7 +201,10 @@ def _record(results: list[Result]) -> RegionRun:
         np.array([r.prfaas.get("route") == "prfaas" for r in results], dtype=bool),
         np.array([r.ok for r in results], dtype=bool),
         np.array([r.status for r in results]),
-        tuple(sorted({r.error[:160] for r in results if not r.ok})[:3]))
+        tuple(sorted({r.error[:160] for r in results if not r.ok})[:3]),
+        np.array([r.first_route == "prfaas" for r in results], dtype=bool),
+        np.array([bool(r.prfaas.get("retried") or r.prfaas.get("resumed"))
+                  for r in results], dtype=bool))
 
 
 Fault = tuple[float, Callable[[], None]]  # (live seconds after the start, action)
@@ -274,11 +295,14 @@ def partition_run(setup: RegionsSetup, dep: RegionsDeployment, *, cut: str, load
     t_cut = (warmup_s + window_s) * a
     t_heal = t_cut + window_s * a
     marks: dict[str, float] = {}
+    snaps: dict[str, Any] = {}
+    other = next(n for n in work if n != cut)  # the gateway as a region not cut reaches it
     t0 = time.monotonic()
 
     def down() -> None:
         marks["down_s"] = time.monotonic() - t0
         dep.partition(cut, True)
+        snaps["at_cut"] = gateway_status(dep, other)  # what the cut caught in flight
 
     def up() -> None:
         dep.partition(cut, False)
@@ -289,6 +313,9 @@ def partition_run(setup: RegionsSetup, dep: RegionsDeployment, *, cut: str, load
                            "warmup_s": warmup_s, "rates_rps": rates,
                            "cut_at_live_s": [round(marks.get("down_s", float("nan")), 3),
                                              round(marks.get("up_s", float("nan")), 3)],
+                           "in_flight_at_cut": in_flight_at_cut(
+                               runs[cut], marks.get("down_s", t_cut), snaps.get("at_cut"),
+                               cut),
                            "regions": {}}
     for name, run in runs.items():
         before = window_stats(run, t_cut - window_s * a, t_cut, a)
@@ -320,6 +347,29 @@ def partition_run(setup: RegionsSetup, dep: RegionsDeployment, *, cut: str, load
         reg["within_10pct"] = all(v is not None and v <= 1.10
                                   for v in reg["ttft_ratio"].values())
     return out
+
+
+def in_flight_at_cut(run: RegionRun, t_cut_s: float, gateway: dict[str, Any] | None,
+                     cut: str) -> dict[str, Any]:
+    """What the cut of region `cut`'s link caught: the gateway's prefills of that destination
+    computing (`running`: their KV streams as it is made) and past their compute with the KV
+    tail crossing (`transferring`) at the cut; and, from the region's own requests, those
+    first sent to the PrfaaS cluster before the cut whose KV had not reached a decoder by then
+    (`client_in_flight`), and how they ended: retried or resumed locally and completed, or
+    failed. Live seconds on the run's timeline (the cut's mark is the moment it was made)."""
+    offered = run.offered if run.offered is not None else run.remote
+    retried = run.retried if run.retried is not None else np.zeros(run.ok.size, dtype=bool)
+    caught = (offered & (run.arrival_s < t_cut_s)
+              & ~(np.isfinite(run.ready_s) & (run.ready_s <= t_cut_s)))
+    tenant = (gateway or {}).get("tenants", {}).get(cut, {})
+    return {"gateway_running": tenant.get("running"),
+            "gateway_transferring": tenant.get("transferring"),
+            "gateway_failed_before_cut": tenant.get("failed"),
+            "client_in_flight": int(caught.sum()),
+            "completed": int((caught & run.ok).sum()),
+            "completed_after_retry": int((caught & run.ok & retried).sum()),
+            "completed_remote": int((caught & run.ok & run.remote).sum()),
+            "failed": int((caught & ~run.ok).sum())}
 
 
 def fairness_runs(setup: RegionsSetup, dep: RegionsDeployment, *, hog: str, load: float,

@@ -31,12 +31,13 @@ def _stop_on_sigterm() -> None:
 
 
 def run_live_command(scenario: Scenario, out_dir: Path, quick: bool, scales_text: str | None,
-                     keep_logs: bool) -> None:
+                     keep_logs: bool, seed: int = 0, control_slowdown: float = 1.0) -> None:
     _stop_on_sigterm()
     started = time.perf_counter()
     scales = parse_scales(scales_text)
     for name in SYSTEMS:
-        emulated_system(scenario, name, scales)  # bad scales / hardware fail here, one line
+        # bad scales / hardware / control factor fail here, in one line
+        emulated_system(scenario, name, scales, control_slowdown=control_slowdown)
     options = QUICK if quick else FULL
     load0 = os.getloadavg()
     with Progress(console=console, transient=True) as progress:
@@ -47,7 +48,8 @@ def run_live_command(scenario: Scenario, out_dir: Path, quick: bool, scales_text
             if not console.is_terminal:  # a log file gets one line per step instead
                 console.print(f"[{time.perf_counter() - started:6.0f} s] {label}")
 
-        result = reproduce_live(scenario, out_dir, options, scales, tick, keep_logs)
+        result = reproduce_live(scenario, out_dir, options, scales, tick, keep_logs, seed,
+                                control_slowdown)
     result["wall_s"] = round(time.perf_counter() - started, 1)
     result["loadavg_start_end"] = [round(load0[0], 2), round(os.getloadavg()[0], 2)]
     result["machine"] = {"cpus": os.cpu_count()}
@@ -69,9 +71,13 @@ def _ttft(run: dict[str, Any] | None, side: str) -> str:
 
 def live_table(result: dict[str, Any]) -> Table:
     sc = result["scales"]
+    control = result.get("control_slowdown", 1.0)
     table = Table(title=f"{result['scenario']}: live (emulated hardware) vs simulator, "
                         f"scenario units (scales time {sc['time']}, bytes {sc['bytes']}, "
-                        f"tokens {sc['tokens']}, output {sc['output']})")
+                        f"tokens {sc['tokens']}, output {sc['output']}), seed "
+                        f"{result.get('seed', 0)}"
+                        + (f"; CONTROL: workers {control}x slower than the profile"
+                           if control != 1.0 else ""))
     table.add_column("")
     for name in SYSTEMS:
         table.add_column(name, justify="right")
@@ -84,13 +90,24 @@ def live_table(result: dict[str, Any]) -> Table:
     def num(v: float | None, fmt: str) -> str:
         return "—" if v is None else format(v, fmt)
 
+    def margins(key: str, n: str) -> str:
+        edges = s[n].get(key) or {}
+        return " / ".join("—" if not edges.get(e) else f"{edges[e]['margin_requests']:+.1f} "
+                          f"of {edges[e]['requests']}" for e in ("sustained", "unsustained"))
+
     rows: list[tuple[str, list[str]]] = [
         ("live capacity (req/s)", [num(s[n]["live_capacity_rps"], ".3f") for n in SYSTEMS]),
-        ("live bracket, probes", [f"{bracket('bracket_rps', n)}, {len(s[n]['probes'])}"
-                                  for n in SYSTEMS]),
+        ("live bracket, probes (+ long)", [
+            f"{bracket('bracket_rps', n)}, {len(s[n]['probes'])} "
+            f"(+{len(s[n].get('confirm_probes', []))})" for n in SYSTEMS]),
+        ("live margins at the ends (requests)", [margins("bracket_margins", n)
+                                                 for n in SYSTEMS]),
         ("sim capacity, same search", [num(s[n]["sim_capacity_rps"], ".3f") for n in SYSTEMS]),
-        ("sim bracket, probes", [f"{bracket('sim_bracket_rps', n)}, "
-                                 f"{len(s[n]['sim_probes'])}" for n in SYSTEMS]),
+        ("sim bracket, probes (+ long)", [
+            f"{bracket('sim_bracket_rps', n)}, {len(s[n]['sim_probes'])} "
+            f"(+{len(s[n].get('sim_confirm_probes', []))})" for n in SYSTEMS]),
+        ("sim margins at the ends (requests)", [margins("sim_bracket_margins", n)
+                                                for n in SYSTEMS]),
         ("live / sim", [num(s[n]["live_over_sim"], ".3f") for n in SYSTEMS]),
         ("sim capacity, 4000 requests", [f"{s[n]['sim_capacity_4000_rps']:.3f}"
                                          for n in SYSTEMS]),

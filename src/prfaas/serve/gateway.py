@@ -21,8 +21,13 @@ done, and the gateway hands the engine its next job at once while the KV tail st
 with the worker's status.
 
 `/metrics` (Prometheus text): per tenant requests by outcome, queued and running, uncached
-tokens started, queue seconds; per destination KV bytes delivered, running KV rate, budget and
-how often the budget held a destination back. `/status`: the same as JSON.
+tokens started, queue seconds; per destination KV bytes delivered (as the workers report them),
+running KV rate, budget and how often the budget held a destination back; and, for a tenant
+whose `link_interface` is given, the bytes its link really carried, metered at that interface
+(serve/link_meter.py: total, the last interval's rate, intervals over the budget). `/status`:
+the same as JSON, with each destination's prefills computing (`running`) and those whose
+compute is done but whose KV tail still crosses (`transferring`): what a cut of its link
+catches in flight.
 
 `python -m prfaas.serve.gateway --config FILE` (JSON, `GatewayConfig.to_json`); keys come from
 the environment variables the config names, never from the file.
@@ -50,6 +55,7 @@ from prfaas.models.profile import KVSize, PrefillTime
 from prfaas.policy.fair_share import SharePolicy, make_share_policy
 from prfaas.policy.region_control import EgressBudget, blocked_destinations, max_kv_gbps
 from prfaas.security.apikey import bearer_ok, check_key
+from prfaas.serve.link_meter import LinkMeter
 from prfaas.serve.prom import Counter
 
 
@@ -59,6 +65,7 @@ class TenantSpec:
     key_env: str  # the environment variable holding its key
     weight: float  # DRR weight
     budget_gbps: float  # its destination's egress budget (live Gbps)
+    link_interface: str | None = None  # its link's interface here: delivered bytes read there
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class GatewayConfig:
     host: str = "0.0.0.0"
     port: int = 0
     request_timeout_s: float = 900.0
+    meter_interval_s: float = 1.0  # how often the links' byte counters are read
 
     def to_json(self) -> dict[str, Any]:
         p, k = self.prefill, self.kv
@@ -80,13 +88,17 @@ class GatewayConfig:
                 "kv": {"fixed_bytes": k.fixed_bytes, "per_token_bytes": k.per_token_bytes},
                 "share_policy": self.share_policy, "quantum_tokens": self.quantum_tokens,
                 "host": self.host, "port": self.port,
-                "request_timeout_s": self.request_timeout_s}
+                "request_timeout_s": self.request_timeout_s,
+                "meter_interval_s": self.meter_interval_s}
 
     @staticmethod
     def from_json(raw: dict[str, Any]) -> GatewayConfig:
         try:
             tenants = tuple(TenantSpec(str(t["name"]), str(t["key_env"]), float(t["weight"]),
-                                       float(t["budget_gbps"])) for t in raw["tenants"])
+                                       float(t["budget_gbps"]),
+                                       None if t.get("link_interface") is None
+                                       else str(t["link_interface"]))
+                            for t in raw["tenants"])
             p, k = raw["prefill"], raw["kv"]
             return GatewayConfig(
                 tenants, tuple(str(w) for w in raw["workers"]),
@@ -95,7 +107,8 @@ class GatewayConfig:
                        "gateway config"),
                 str(raw.get("share_policy", "drr")), float(raw.get("quantum_tokens", 8192.0)),
                 str(raw.get("host", "0.0.0.0")), int(raw.get("port", 0)),
-                float(raw.get("request_timeout_s", 900.0)))
+                float(raw.get("request_timeout_s", 900.0)),
+                float(raw.get("meter_interval_s", 1.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError("gateway config", type(exc).__name__, str(exc)) from exc
 
@@ -132,11 +145,22 @@ class _Metrics:
                             "picks at which the egress budget held the destination back")
         self.unauthorized = Counter("prfaas_gateway_unauthorized_total",
                                     "prefills refused for a missing or unknown tenant key")
+        self.transferring = Counter("prfaas_destination_transferring",
+                                    "prefills computed whose KV tail still crosses", "gauge")
+        self.link_bytes = Counter("prfaas_destination_link_bytes_total",
+                                  "bytes the destination's link carried, read at its interface")
+        self.link_gbps = Counter("prfaas_destination_link_gbps",
+                                 "the destination link's rate over the last meter interval",
+                                 "gauge")
+        self.over_budget = Counter("prfaas_destination_link_over_budget_intervals_total",
+                                   "meter intervals in which the link carried more than the "
+                                   "destination's egress budget")
 
     def render(self) -> str:
         out: list[str] = []
         for c in (self.requests, self.tokens, self.queue_s, self.queued, self.running,
-                  self.kv_bytes, self.kv_gbps, self.budget, self.held, self.unauthorized):
+                  self.kv_bytes, self.kv_gbps, self.budget, self.held, self.unauthorized,
+                  self.transferring, self.link_bytes, self.link_gbps, self.over_budget):
             out += c.render()
         return "\n".join(out) + "\n"
 
@@ -151,7 +175,14 @@ class Gateway:
                                                           config.quantum_tokens)
         self.budgets = {t.name: EgressBudget(t.budget_gbps) for t in config.tenants}
         self.running = dict.fromkeys(weights, 0)
+        self.transferring = dict.fromkeys(weights, 0)
         self.running_gbps = dict.fromkeys(weights, 0.0)
+        # a named interface that cannot be read fails here, before the gateway serves
+        self.meter = LinkMeter({t.name: t.link_interface for t in config.tenants
+                                if t.link_interface},
+                               {t.name: t.budget_gbps for t in config.tenants},
+                               time.monotonic())
+        self._metering: asyncio.Task[None] | None = None
         self.phi_max_gbps = max_kv_gbps(config.prefill, config.kv)
         self.free: deque[str] = deque(config.workers)
         self.metrics = _Metrics()
@@ -173,6 +204,21 @@ class Gateway:
     async def _open(self, _: web.Application) -> None:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self._waiting = asyncio.create_task(self._await_workers())
+        if self.meter.lines:
+            self._metering = asyncio.create_task(self._meter())
+
+    async def _meter(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.meter_interval_s)
+            self._read_links()
+
+    def _read_links(self) -> None:
+        self.meter.sample(time.monotonic())
+        m = self.metrics
+        for dest, line in self.meter.snapshot().items():
+            m.link_bytes.set(float(line["link_bytes"]), destination=dest)
+            m.link_gbps.set(line["link_gbps"], destination=dest)
+            m.over_budget.set(float(line["over_budget_intervals"]), destination=dest)
 
     async def _await_workers(self) -> None:
         """Ready once every prefill worker answers /health (they run beside the gateway,
@@ -191,8 +237,9 @@ class Gateway:
         self.ready = True
 
     async def _close(self, _: web.Application) -> None:
-        if self._waiting is not None:
-            self._waiting.cancel()
+        for task in (self._waiting, self._metering):
+            if task is not None:
+                task.cancel()
         if self._session is not None:
             await self._session.close()
 
@@ -208,6 +255,7 @@ class Gateway:
 
     async def status(self, _: web.Request) -> web.Response:
         m = self.metrics
+        links = self.meter.snapshot()
         return web.json_response({
             "share_policy": self.config.share_policy, "free_workers": len(self.free),
             "workers": len(self.config.workers),
@@ -219,8 +267,11 @@ class Gateway:
                             "uncached_tokens": m.tokens.get(tenant=t),
                             "queue_s": m.queue_s.get(tenant=t),
                             "kv_bytes": m.kv_bytes.get(destination=t),
-                            "budget_held": m.held.get(destination=t)}
-                        for t in self.running}})
+                            "budget_held": m.held.get(destination=t),
+                            "transferring": self.transferring[t],
+                            **({"link": links[t]} if t in links else {})}
+                        for t in self.running},
+            "monotonic_s": time.monotonic()})
 
     def _tenant(self, request: web.Request) -> str | None:
         header = request.headers.get("Authorization")
@@ -296,6 +347,10 @@ class Gateway:
         self.free.append(url)
         self._dispatch()
 
+    def _transfer(self, tenant: str, delta: int) -> None:
+        self.transferring[tenant] += delta
+        self.metrics.transferring.set(self.transferring[tenant], destination=tenant)
+
     async def _forward(self, job: _Job, url: str) -> web.Response:
         assert self._session is not None
         released = False
@@ -315,7 +370,11 @@ class Gateway:
                 if first.get("event") == "computed":
                     self._release(job, url)
                     released = True
-                    line = await resp.content.readline()
+                    self._transfer(job.tenant, +1)
+                    try:
+                        line = await resp.content.readline()
+                    finally:
+                        self._transfer(job.tenant, -1)
                 else:
                     line = json.dumps(first).encode()
                 reply = json.loads(line or b"{}")

@@ -9,8 +9,12 @@ every KV arrival). The PrfaaS cluster's N instances take jobs from one `SharePol
 whose `EgressBudget` is full. Transfers are pipelined as in the one-cluster simulator: the flow
 joins the link at prefill start; the KV is at the decoder at max(flow end, prefill end) + RTT.
 Local KV crosses the intra-cluster fabric in S_kv / intra rate. TTFT = arrival to KV (and first
-token) at the decoder. Heap entries (time, kind, seq, ...): ties resolve by kind (resources are
-freed before new work arrives), then insertion order: a run is deterministic.
+token) at the decoder. Per destination the run counts the picks at which its budget held it back
+while it had jobs queued (`held`, the live gateway's `budget_held`) and keeps its link's
+cumulative bytes at every start and finish of a flow (`link_points`: exact, the rate being
+constant in between), from which the bytes delivered in any window follow. Heap entries
+(time, kind, seq, ...): ties resolve by kind (resources are freed before new work arrives),
+then insertion order: a run is deterministic.
 """
 
 from __future__ import annotations
@@ -96,6 +100,8 @@ class _Region:
         self.busy_prfaas_s = 0.0
         self.in_system = 0
         self.budget = EgressBudget(setup.budget_gbps)
+        self.held = 0  # picks at which the budget held this destination's queued jobs back
+        self.link_points: list[tuple[float, float]] = [(0.0, 0.0)]  # (time, bytes sent)
         self.control = DestinationThreshold(setup.threshold_tokens, setup.max_tokens,
                                             setup.min_tokens)
 
@@ -166,7 +172,11 @@ class RegionsSimulator:
 
     def _start_prfaas(self) -> None:
         while self.prfaas_free > 0:
-            picked = self.share.pick(self._blocked())
+            blocked = self._blocked()
+            for reg in self.regions:
+                if reg.setup.name in blocked and self.share.queued(reg.setup.name):
+                    reg.held += 1
+            picked = self.share.pick(blocked)
             if picked is None:
                 return
             k, i = divmod(picked[1], 1 << 32)
@@ -179,6 +189,7 @@ class RegionsSimulator:
             reg.busy_prfaas_s += dur
             self._push(self.now_s + dur, PREFILL_DONE, k, i, PRFAAS)
             reg.link.start(self.now_s, i, float(reg.kv_bytes[i]))
+            reg.link_points.append((self.now_s, reg.link.bytes_sent))
             self._schedule_link(k)
 
     def _start_local(self, k: int) -> None:
@@ -215,7 +226,9 @@ class RegionsSimulator:
         reg = self.regions[k]
         if version != reg.link.version:
             return  # superseded: a later start or finish rescheduled the link
-        for i in reg.link.pop_finished(self.now_s):
+        finished = reg.link.pop_finished(self.now_s)
+        reg.link_points.append((self.now_s, reg.link.bytes_sent))
+        for i in finished:
             reg.flow_done[i] = True
             if reg.prefill_done[i]:
                 self._push(self.now_s + reg.setup.rtt_s, KV_ARRIVE, k, i)

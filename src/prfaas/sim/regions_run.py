@@ -120,6 +120,7 @@ def _cluster_metrics(reg: Any) -> dict[str, Any]:
             "offload_fraction": round(float(reg.offloaded.mean()), 6),
             "egress_gbps": round(reg.link.bytes_sent * 8 / 1e9 / max(egress_end - first, 1e-9),
                                  4),
+            "budget_gbps": setup.budget_gbps, "budget_held": reg.held,
             "threshold_tokens_last": reg.control.threshold_tokens,
             "threshold_changes": reg.control.changes,
             "requests": int(n), "completed": int(done.size),

@@ -8,7 +8,8 @@ end of its veth (10.231.<i_k>.1), so the KV for region k leaves the namespace th
 only: one region's link is one veth, and `partition(k)` takes it down (nothing crosses it; the
 others carry on). Region k's router reaches the gateway through veth k too (its control calls
 are host -> namespace, unshaped), so a partition cuts that region off the PrfaaS cluster as a
-real one would, and its router's health checks take the PrfaaS path down.
+real one would, and its router's health checks take the PrfaaS path down. The gateway meters
+each region's bytes at the namespace end of its veth (`link_interface`, serve/link_meter.py).
 
 Each region is an ordinary `Deployment` (serve/deploy/launcher.py) of its router, PD-P and PD-D
 workers; its topology's one `prfaas` worker is the gateway (started here; the Deployment waits
@@ -161,8 +162,11 @@ class RegionsDeployment:
         for w in workers:
             self._spawn(w.name, ns.wrap([sys.executable, "-m", "prfaas.serve.deploy.proc",
                                          "--topology", str(path), "--name", w.name]), {})
-        gw = replace(self.gateway_base, workers=tuple(f"http://127.0.0.1:{w.port}"
-                                                      for w in workers),
+        # each tenant's KV leaves through its own veth: the gateway meters that interface
+        tenants = tuple(replace(t, link_interface=f"pfn{self.links[t.name].index}")
+                        for t in self.gateway_base.tenants)
+        gw = replace(self.gateway_base, tenants=tenants,
+                     workers=tuple(f"http://127.0.0.1:{w.port}" for w in workers),
                      host="0.0.0.0", port=self.gateway_port)
         config = self.log_dir / "gateway.json"
         config.write_text(json.dumps(gw.to_json(), indent=1))
