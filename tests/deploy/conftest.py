@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from needs import check
+
 NODE_BYTES = 80 * 2**20
 
 
@@ -38,7 +40,7 @@ class RayCluster:
 # stay up through the rest of the suite after tests/deploy has finished with it.
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
-    pytest.importorskip("ray")
+    check("ray")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ["VLLM_NO_USAGE_STATS"] = "1"
     from ray.cluster_utils import Cluster

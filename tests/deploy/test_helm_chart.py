@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-helm = pytest.importorskip("helm_python.chart")
-kv = pytest.importorskip("kubernetes_validate")
-jsonschema = pytest.importorskip("jsonschema")
-helm_errors = pytest.importorskip("helm_python.errors")
+from needs import import_for
+
+helm = import_for("k8s", "helm_python.chart")
+kv = import_for("k8s", "kubernetes_validate")
+jsonschema = import_for("k8s", "jsonschema")
+helm_errors = import_for("k8s", "helm_python.errors")
 
 from prfaas.serve.topology import parse_topology  # noqa: E402
 
