@@ -106,6 +106,13 @@ typecheck: $(STAMP)
 # second worker. The slowest tests and every skip (with its reason) are listed, so a slower
 # or thinner CI is explained by its own log.
 VLLM_TESTS := tests/integrations/vllm
+# The features this machine kind must have (tests/needs.py: netns = CAP_NET_ADMIN/CAP_SYS_ADMIN
+# with `ip` and `tc`; the vllm, ray, k8s and dev extras; 2 CPUs). Here a test of one of them
+# may not skip: a missing one fails the run, one line per test saying which feature and why,
+# and so does any skip not made by tests/needs.py. Another machine kind lists its own:
+# `make test PRFAAS_REQUIRE=vllm,ray,k8s,openai` (empty: every missing feature skips).
+PRFAAS_REQUIRE ?= netns,vllm,ray,k8s,openai,cpus2,prometheus
+export PRFAAS_REQUIRE
 unit: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -rs --durations=25 --ignore=$(VLLM_TESTS)
 	$(BIN)/python -m pytest -rs --durations=15 $(VLLM_TESTS)

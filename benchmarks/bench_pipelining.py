@@ -164,7 +164,7 @@ async def run_mode(engine: Engine, ids: list[int], tx: KVSender, rx: ReceiverPro
 
 async def bench_pattern(pattern: str, tokens: int, repeats: int, rx: ReceiverProcess,
                         first_rid: int) -> dict[str, Any]:
-    engine = Engine(EngineConfig.tiny(layer_pattern=pattern))
+    engine = Engine(EngineConfig.tiny(layer_pattern=pattern, weights="seed"))  # timing only
     ids = [int(t) for t in np.random.default_rng(7).integers(0, 256, tokens)]
     prof = await asyncio.get_running_loop().run_in_executor(None, profile, engine, ids, 3)
     total_bytes = sum(prof["layer_wire_bytes"])

@@ -1,17 +1,21 @@
 """What fp8 on the wire costs on vLLM: teacher-forced logprob error against the cache dtype (bf16).
 
-For each tiny vLLM model (llama; qwen3_next, 3 Gated DeltaNet : 1 full attention) one PrfaaS
-prefill instance and one decode instance (PrfaasConnector, prefix caching off on both, so every
-request's KV crosses) serve P/D requests sent straight to the instances (the router's two
-bodies). Each prompt P (random token ids, lengths across the 128-token block and the
-1024-token prefill chunk) goes once with its KV as cached (bf16): the reference, whose greedy
-16-token continuation C and logprobs are kept. Then each variant:
+For each tiny vLLM model (llama; qwen3_next, 3 Gated DeltaNet : 1 full attention; both with
+their shipped weights, trained on the standard library's docstrings) one PrfaaS prefill instance
+and one decode instance (PrfaasConnector, prefix caching off on both, so every request's KV
+crosses) serve P/D requests sent straight to the instances (the router's two bodies). Each
+prompt P (held-out docstring text the models never trained on, prfaas.bench.stdlib_text, in the
+model's tokens; lengths across the 128-token block and the 1024-token prefill chunk) goes once
+with its KV as cached (bf16): the reference, whose greedy 16-token continuation C and logprobs
+are kept. Then each variant:
 - `bf16 again`: the same request again (the noise floor: the path's own run-to-run difference);
 - `fp8_e4m3`: the request's full-attention KV in fp8 on the wire (per-request `wire_dtype`;
   GDN states keep their dtype);
 - `int4_per_tensor (control)`: bf16 on the wire, then every KV tensor put through 4-bit
   integers with one scale per tensor at the receiver (params.FAULTS `int4_kv`): a deliberately
-  coarser quantizer, which must come out worse or the figure does not separate.
+  coarser quantizer, which must come out worse or the figure does not separate;
+- `fp8_wrong_scale (control)`: fp8 on the wire, its codes decoded with twice their scales at the
+  receiver (params.FAULTS `fp8_wrong_scale`): a wrong-scale quantizer, the same.
 Teacher forcing: the variant decodes greedily with logprobs (top 20); while its tokens follow C
 each position's logprob is compared with the reference's; where it leaves C, the reference
 token's logprob (from the top 20; absent: counted, with the 20th's as a lower bound) is
@@ -21,7 +25,7 @@ bf16 re-send. A position where the bf16 re-send itself leaves C ends that segmen
 from there). Greedy agreement: the share of teacher-forced positions whose greedy token is C's,
 and the share of prompts whose free 16-token continuation equals C.
 
-    flock /work/heavy.lock env PYTHONPATH=src python benchmarks/bench_vllm_wire_quality.py
+    /work/bin/heavy env PYTHONPATH=src python benchmarks/bench_vllm_wire_quality.py
 
 Writes benchmarks/results/vllm_wire_quality.json; docs/wire-format.md renders its rows.
 """
@@ -33,7 +37,6 @@ import dataclasses
 import json
 import os
 import platform
-import random
 import tempfile
 import threading
 import time
@@ -43,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from prfaas.bench.stdlib_text import heldout_windows
 from prfaas.integrations.vllm.model_builder import ensure_model
 from prfaas.integrations.vllm.reference import post_completion
 from prfaas.serve.deploy.launcher import Deployment
@@ -59,7 +63,9 @@ MODELS = {"llama": "vllm-local-llama.yaml", "qwen3_next": "vllm-local.yaml"}
 LABELS = {"llama": "vLLM tiny llama (bf16 cache)",
           "qwen3_next": "vLLM tiny qwen3_next (GDN:attention 3:1, bf16 cache)"}
 VARIANTS = {"bf16 again": {}, "fp8_e4m3": {"send": {"wire_dtype": "fp8_e4m3"}},
-            "int4_per_tensor (control)": {"recv": {"fault": "int4_kv"}}}
+            "int4_per_tensor (control)": {"recv": {"fault": "int4_kv"}},
+            "fp8_wrong_scale (control)": {"send": {"wire_dtype": "fp8_e4m3"},
+                                          "recv": {"fault": "fp8_wrong_scale"}}}
 SHORT_TOKENS = 700  # below: a prompt of at most one 128-token block and a bit
 MAX_SEGMENTS = 4  # forced segments per prompt and variant (a coarse control diverges often)
 _tid = count(10**7)
@@ -175,11 +181,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_model(arch: str, count_: int, seed: int, root: Path) -> dict[str, Any]:
+    from tokenizers import Tokenizer
+
     model = ensure_model(arch, root / arch, seed=0)
     topo = topology(arch, model)
-    rng = random.Random(seed)
     lengths = [LENGTHS[i % len(LENGTHS)] for i in range(count_)]
-    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    prompts = heldout_windows(lambda text: list(tok.encode(text).ids), lengths, seed)
     per: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     ref_bytes = 0
     t0 = time.perf_counter()
@@ -217,9 +225,11 @@ def main() -> None:
         "what": "teacher-forced logprob error of fp8 KV on the wire (PrfaasConnector) vs the "
                 "same P/D path with the KV as cached (bf16); full-attention KV only (GDN "
                 "states keep their dtype); int4 per tensor at the receiver: negative control",
-        "engine": "vLLM (CPU build), tiny random-init models (seed 0), bf16 cache",
+        "engine": "vLLM (CPU build), the tiny models' shipped weights (trained on the stdlib's "
+                  "docstrings: trained_models.json), bf16 cache",
+        "prompts": "held-out stdlib docstrings (prfaas.bench.stdlib_text), the model's tokens",
         "continuation_tokens": TOKENS, "seed": args.seed,
-        "command": "flock /work/heavy.lock env PYTHONPATH=src python "
+        "command": "/work/bin/heavy env PYTHONPATH=src python "
                    f"benchmarks/bench_vllm_wire_quality.py --prompts {args.prompts}",
         "host": platform.node(), "presets": results}, indent=2) + "\n")
     print(f"wrote {OUT}")

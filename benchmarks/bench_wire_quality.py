@@ -1,17 +1,19 @@
 """What fp8 on the wire costs in quality: teacher-forced logprob error against the exact KV.
 
-For each tiny engine preset (native torch: `tiny` = KDA:MLA 3:1, `mimo_like` = SWA:GQA 5:1)
-and each prompt P (real text from this repository's docs, lengths across the 64-token chunk
-size: shorter than a chunk, on and beside a boundary, many chunks) with its true 32-token
-continuation C: prefill P once, export every layer as the prefill worker ships it, apply one
-wire variant to the full-attention tensors only (linear states and SWA windows are never
-encoded), import it as the decode worker does, then decode C teacher-forced: at each step the
+For each tiny engine preset (native torch: `tiny` = KDA:MLA 3:1, `mimo_like` = SWA:GQA 5:1,
+both with their shipped weights, trained on the standard library's docstrings) and each prompt
+P (held-out docstring text the models never trained on, prfaas.bench.stdlib_text; lengths across
+the 64-token chunk size: shorter than a chunk, on and beside a boundary, many chunks) with its
+true 32-token continuation C: prefill P once, export every layer as the prefill worker ships
+it, apply one wire variant to the full-attention tensors only (linear states and SWA windows are
+never encoded), import it as the decode worker does, then decode C teacher-forced: at each step the
 true token is fed and the logits of the next are kept. All variants of a prompt decode in one
 batch (threads=1: batched decode is bitwise batch-invariant), so the only difference between
 them is the KV they imported. Variants: `exact` (the reference), `bf16`, `fp8_e4m3` (what the
-wire sends: per 16-token block per head scales) and two negative controls, `fp8_per_tensor`
-(one scale per tensor) and `int4_per_tensor` (4-bit, one scale per tensor), which must come out
-worse, or the measurement does not separate. Also greedy: each variant generates 32 tokens
+wire sends: per 16-token block per head scales), `fp8_per_tensor` (one scale per tensor: a
+coarser fp8) and two negative controls, `int4_per_tensor` (4-bit, one scale per tensor) and
+`fp8_wrong_scale` (the wire's fp8 codes decoded with twice their scales), which must come out
+clearly worse, or the measurement does not separate. Also greedy: each variant generates 32 tokens
 from the same first token; the share of prompts whose continuation equals the exact one.
 
     PYTHONPATH=src python benchmarks/bench_wire_quality.py [--prompts 24]
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from prfaas.bench.stdlib_text import heldout_windows
 from prfaas.engine import Engine, EngineConfig, LayerKV
 from prfaas.engine.base import DecodeSeq
 from prfaas.transport.quant import (
@@ -51,32 +54,31 @@ LENGTHS = (20, 63, 64, 65, 127, 200, 511, 1000, 2047, 4000)
 FULL_ATTN = ("mla", "gqa")
 
 Variant = Callable[[np.ndarray], np.ndarray]
+
+
+def _doubled(quantized: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    codes, scales = quantized
+    return codes, scales * 2
+
 VARIANTS: dict[str, Variant | None] = {
     "exact": None,
     "bf16": lambda x: bf16_decode(bf16_encode(x)),
     "fp8_e4m3": lambda x: fp8_dequantize(*fp8_quantize(x)),
     "fp8_per_tensor (control)": coarse_fp8_per_tensor,
     "int4_per_tensor (control)": coarse_int4_per_tensor,
+    "fp8_wrong_scale (control)": lambda x: fp8_dequantize(*_doubled(fp8_quantize(x))),
 }
 PRESETS = {"tiny (KDA:MLA 3:1)": EngineConfig.tiny, "mimo_like (SWA:GQA 5:1)":
            EngineConfig.mimo_like}
 
 
-def corpus_tokens(engine: Engine) -> list[int]:
-    text = "\n".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))
-    ids: list[int] = engine.tokenizer.encode(text)
-    return ids
-
-
-def prompts(tokens: list[int], count: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(count):
-        length = LENGTHS[i % len(LENGTHS)]
-        at = int(rng.integers(0, len(tokens) - length - CONTINUATION_TOKENS - 1))
-        out.append((tokens[at:at + length],
-                    tokens[at + length:at + length + CONTINUATION_TOKENS]))
-    return out
+def prompts(engine: Engine, count: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(BOS + held-out text, its true continuation) per prompt, lengths cycling LENGTHS."""
+    lengths = [LENGTHS[i % len(LENGTHS)] for i in range(count)]
+    spans = heldout_windows(lambda t: engine.tokenizer.encode(t, add_bos=False),
+                            [n - 1 + CONTINUATION_TOKENS for n in lengths], seed)
+    bos = engine.tokenizer.bos_id
+    return [([bos, *s[:n - 1]], s[n - 1:]) for s, n in zip(spans, lengths, strict=True)]
 
 
 def wire_layers(layers: list[LayerKV], variant: Variant | None) -> list[LayerKV]:
@@ -162,7 +164,7 @@ def main() -> None:
     t0 = time.perf_counter()
     for label, make in PRESETS.items():
         engine = Engine(make(threads=1))
-        cases = prompts(corpus_tokens(engine), args.prompts, args.seed)
+        cases = prompts(engine, args.prompts, args.seed)
         per_prompt = [measure_prompt(engine, p, c) for p, c in cases]
         results[label] = {"prompts": len(cases),
                           "prompt_lengths_tokens": sorted({len(p) for p, _ in cases}),
@@ -172,7 +174,9 @@ def main() -> None:
     OUT.write_text(json.dumps({
         "what": "teacher-forced logprob error of KV variants on the wire vs the exact KV; "
                 "full-attention tensors only (linear/SWA states untouched)",
-        "engine": "prfaas native torch engine, random-init weights (seed 0), fp32 cache",
+        "engine": "prfaas native torch engine, the presets' shipped weights (trained on the "
+                  "stdlib's docstrings: trained_models.json), fp32 cache",
+        "prompts": "held-out stdlib docstrings (prfaas.bench.stdlib_text), BOS first",
         "continuation_tokens": CONTINUATION_TOKENS, "seed": args.seed,
         "command": f"PYTHONPATH=src python benchmarks/bench_wire_quality.py --prompts "
                    f"{args.prompts}",

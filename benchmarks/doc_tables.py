@@ -699,7 +699,9 @@ def live_run3_summary(load: Loader) -> str:
 _WIRE_LABEL = {"fp8_e4m3": "fp8_e4m3 (per 16-token block per head: what the wire sends)",
                "bf16 again": "bf16 again (the reference path rerun: its noise floor)",
                "fp8_per_tensor (control)": "fp8, one scale per tensor (coarser)",
-               "int4_per_tensor (control)": "int4, one scale per tensor (negative control)"}
+               "int4_per_tensor (control)": "int4, one scale per tensor (negative control)",
+               "fp8_wrong_scale (control)": "fp8 decoded with twice its scales (negative "
+                                            "control)"}
 
 
 @table("wire-quality")

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 
 def group_of(nodeid: str) -> str:
     """The group of a test by its node id (`tests/serve/test_x.py::test_y[...]`)."""
@@ -43,3 +45,54 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
             return group_of(nodeid)
 
     return GroupScheduling(config, log)
+
+
+# -- skips: only for a missing feature, and never for a required one (tests/needs.py) ----------
+
+def pytest_configure(config: Any) -> None:
+    from needs import required
+
+    config.addinivalue_line("markers", "needs(*features): skip unless these features are "
+                            "here (tests/needs.py); fail instead when PRFAAS_REQUIRE lists one")
+    required()  # an unknown feature name in PRFAAS_REQUIRE is a usage error, at once
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    """Decided from the machine (tests/needs.py), before any fixture or test code runs."""
+    from needs import check
+
+    check(*(f for mark in item.iter_markers("needs") for f in mark.args))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    """With PRFAAS_REQUIRE set, a skip that did not come from a missing, unrequired feature
+    (a bare pytest.skip, an importorskip, a skip decided by what a test measured) fails."""
+    from needs import PREFIX, required
+
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail") or not required():
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if PREFIX in reason:
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"skipped outside tests/needs.py while PRFAAS_REQUIRE is set (a test may "
+                       f"skip only for a missing feature): {reason}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: Any) -> Any:
+    """The same for a whole module skipped while it is collected (a module-level importorskip)."""
+    from needs import PREFIX, required
+
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or not required():
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if PREFIX not in reason:
+        report.outcome = "failed"
+        report.longrepr = (f"module skipped outside tests/needs.py while PRFAAS_REQUIRE is "
+                           f"set: {reason}")

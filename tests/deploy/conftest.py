@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from needs import check
+
 
 @dataclass(frozen=True)
 class RayCluster:
@@ -26,7 +28,7 @@ class RayCluster:
 # stay up through the rest of the suite after tests/deploy has finished with it.
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
-    pytest.importorskip("ray")
+    check("ray")
     from prfaas.serve.deploy.ray.loopback import loopback_cluster
 
     with loopback_cluster() as cluster:

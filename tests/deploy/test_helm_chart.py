@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
-helm = pytest.importorskip("helm_python.chart")
-kv = pytest.importorskip("kubernetes_validate")
-jsonschema = pytest.importorskip("jsonschema")
-helm_errors = pytest.importorskip("helm_python.errors")
+from needs import check, import_for
+
+helm = import_for("k8s", "helm_python.chart")
+kv = import_for("k8s", "kubernetes_validate")
+jsonschema = import_for("k8s", "jsonschema")
+helm_errors = import_for("k8s", "helm_python.errors")
 
 from prfaas.serve.topology import parse_topology  # noqa: E402
 
@@ -237,10 +239,9 @@ def test_the_chart_carries_the_shipped_rules_and_dashboard(tmp_path: Path) -> No
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"  # the sidecar's label
     assert json.loads(board["data"]["prfaas-dashboard.json"]) == json.loads(
         DASHBOARD.read_text())
+    check("prometheus")
     promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not on PATH: `make prometheus` installs Debian's prometheus "
-                    "(needs root and apt-get)")
+    assert promtool is not None
     path = tmp_path / "rendered-rules.yml"
     path.write_text(yaml.safe_dump(rule["spec"]))  # Prometheus's own check of the rendered rules
     done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,

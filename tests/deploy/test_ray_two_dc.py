@@ -8,7 +8,7 @@ Shown: where each process runs (its network namespace, its Ray node); short prom
 local DC and put no KV on the link (the control), long ones are prefilled in the namespace and
 their KV crosses the link, counted by the link itself (the veth's receive counter and the tbf
 qdisc's own), not by prfaas; every reply's tokens and text equal `prfaas generate`'s.
-Needs root, `ip` and `tc` (skipped, saying so, where they are absent) and the `ray` extra.
+Needs the `netns` and `ray` features (tests/needs.py: CAP_NET_ADMIN, `ip`, `tc`; the extra).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from prfaas.serve.deploy.netns import netns_available
+from needs import check
 
 pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,9 +53,7 @@ def _netns_inode(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def two_dcs() -> Any:
-    if not netns_available():
-        pytest.skip("needs root, `ip` and `tc` to put a Ray node in a shaped namespace")
-    pytest.importorskip("ray")
+    check("netns", "ray")  # a Ray node in a shaped namespace
     from prfaas.serve.deploy.ray.lab import two_datacenters
 
     with two_datacenters(RATE_GBPS, index=LINK_INDEX) as dcs:

@@ -8,10 +8,11 @@ import torch
 
 from prfaas.engine import Engine, EngineConfig
 
+# kimi: the shipped preset with its trained weights; the two smaller shapes have none (seeded)
 PATTERNS = {
     "kimi": EngineConfig.tiny(),
-    "mimo": EngineConfig.mimo_like(window=100, layer_pattern="SSG"),
-    "mixed": EngineConfig.tiny(layer_pattern="KGSM", window=80),
+    "mimo": EngineConfig.mimo_like(window=100, layer_pattern="SSG", weights="seed"),
+    "mixed": EngineConfig.tiny(layer_pattern="KGSM", window=80, weights="seed"),
 }
 
 

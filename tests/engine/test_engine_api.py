@@ -92,7 +92,7 @@ def test_generate_with_sampling_is_reproducible_and_differs_from_greedy() -> Non
 
 
 def test_generate_stops_at_eos() -> None:
-    eng = Engine(EngineConfig.tiny(layer_pattern="KM"))
+    eng = Engine(EngineConfig.tiny(layer_pattern="KM", weights="seed"))
     ids = prompt(30)
     free = eng.generate(ids, 8, SamplingParams(ignore_eos=True))
     # the latest token that first appears at its own position: generation must stop there
@@ -103,14 +103,31 @@ def test_generate_stops_at_eos() -> None:
 
 
 def test_safetensors_round_trip(tmp_path: Path) -> None:
-    cfg = EngineConfig.tiny(layer_pattern="KM", seed=5)
+    cfg = EngineConfig.tiny(layer_pattern="KM", seed=5, weights="seed")
     path = tmp_path / "w.safetensors"
     Engine(cfg).model.save_safetensors(path)
-    other = Engine(EngineConfig.tiny(layer_pattern="KM", seed=6), weights_path=str(path))
+    other = Engine(EngineConfig.tiny(layer_pattern="KM", seed=6, weights="seed"),
+                   weights_path=str(path))
     ids = prompt(50)
     assert torch.equal(other.prefill(ids).logits, Engine(cfg).prefill(ids).logits)
+    # the same file named in the config (weights: PATH) loads the same model
+    named = Engine(EngineConfig.tiny(layer_pattern="KM", weights=str(path)))
+    assert torch.equal(named.prefill(ids).logits, Engine(cfg).prefill(ids).logits)
     with pytest.raises(ConfigError, match="names differ"):
-        Engine(EngineConfig.tiny(layer_pattern="KMK"), weights_path=str(path))
+        Engine(EngineConfig.tiny(layer_pattern="KMK", weights="seed"), weights_path=str(path))
+
+
+def test_trained_weights_fit_their_preset_only_and_differ_from_the_seeded_init() -> None:
+    """The presets load the shipped weights (engine/weights.py); another shape is told to use
+    weights: seed; the trained model is not its random init (the control)."""
+    trained, seeded = engine("kimi"), Engine(EngineConfig.tiny(weights="seed"))
+    assert trained.config.weights == "trained"
+    ids = prompt(40)
+    assert not torch.equal(trained.prefill(ids).logits, seeded.prefill(ids).logits)
+    with pytest.raises(ConfigError, match="weights: seed"):
+        Engine(EngineConfig.tiny(layer_pattern="KM"))
+    with pytest.raises(ConfigError, match="no trained weights"):
+        Engine(EngineConfig.small(weights="trained"))
 
 
 def test_generate_cli_json_matches_engine() -> None:

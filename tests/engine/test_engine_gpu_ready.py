@@ -201,7 +201,7 @@ def test_the_kimi_linear_preset_has_its_geometry_and_active_size() -> None:
     from prfaas.engine.model import HybridLM
 
     with torch.device("meta"):
-        model = HybridLM(cfg, seed_init=False)
+        model = HybridLM(cfg, load=False)
     sizes = {n: p.numel() for n, p in model.named_parameters()}
     active = sum(sizes.values()) - sizes["embed"]  # an embedding row is read, not multiplied
     mlp = sum(v for n, v in sizes.items() if n.startswith("blocks.0.w_"))

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from tiny_scenario import write_scenario
 
+from needs import needs
 from prfaas.emulated.scales import Scales
 from prfaas.experiments.outage import outage_live, windows
 from prfaas.experiments.probe import judge
 from prfaas.experiments.runs import RunRecord
-from prfaas.serve.deploy.netns import netns_available
 from prfaas.sim.outages import Outage, parse_outage
 
 pytestmark = pytest.mark.timeout(400)
@@ -38,7 +38,7 @@ def test_windows_split_arrivals_and_convert_to_scenario_units() -> None:
     assert w["during"]["first_tokens_per_s"] == pytest.approx(2 / 5)
 
 
-@pytest.mark.skipif(not netns_available(), reason="needs root, ip and tc (netns link)")
+@needs("netns")
 def test_a_live_link_outage_loses_nothing_and_goes_local(tmp_path: Path) -> None:
     scales = Scales(time=0.5, bytes=1e-2, tokens=4, output=4)
     result = outage_live(parse_outage("link@24+12"), scales, load=0.5,

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from tiny_regions import write_regions
 
+from needs import needs
 from prfaas.emulated.scales import Scales
 from prfaas.experiments.regions_live import (
     RegionRun,
@@ -27,11 +28,10 @@ from prfaas.experiments.regions_live import (
     regions_setup,
     run_live,
 )
-from prfaas.serve.deploy.netns import namespaces, netns_available
+from prfaas.serve.deploy.netns import namespaces
 from prfaas.serve.deploy.regions import RegionsDeployment
 
-pytestmark = pytest.mark.skipif(not netns_available(),
-                                reason="needs root, ip and tc (one netns veth per region)")
+pytestmark = needs("netns")  # one netns veth per region
 
 SCALES = Scales(time=0.5, bytes=1e-2, tokens=4, output=4)
 CUT = "east"  # the region that offloads about half its requests (west: ~8%)

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from needs import import_for
 from prfaas.models.hf_tokenizer import write_byte_tokenizer
 from prfaas.models.tokenizer import ByteTokenizer
 from prfaas.serve.router.openai_api import chat_prompt
 
-tokenizers = pytest.importorskip("tokenizers")
+tokenizers = import_for("vllm", "tokenizers")  # with transformers, in the vllm extra
 REF = ByteTokenizer()
 
 
@@ -63,7 +64,7 @@ def test_tokenizers_library_counts_as_the_router(folder: Path) -> None:
 
 def test_transformers_offline_counts_as_the_router(folder: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = import_for("vllm", "transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tok = transformers.AutoTokenizer.from_pretrained(str(folder))
     texts = _corpus()
@@ -121,7 +122,7 @@ def test_cli_writes_the_served_models_folder(tmp_path: Path) -> None:
     tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
     assert tok.encode("hi").ids == REF.encode("hi")
     # the hub-cache copy resolves by repo id offline, as a client's snapshot lookup does
-    hub = pytest.importorskip("huggingface_hub")
+    hub = import_for("vllm", "huggingface_hub")
     snap = hub.snapshot_download("prfaas/prfaas-tiny-kda", cache_dir=str(tmp_path / "hub"),
                                  local_files_only=True)
     assert (Path(snap) / "tokenizer.json").read_bytes() == (

@@ -10,8 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from needs import check
 from prfaas.serve.gateway import _Metrics as GatewayMetrics
 from prfaas.serve.router.metrics import RouterMetrics
 from prfaas.serve.worker.worker_metrics import HELP, worker_metrics
@@ -20,13 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 PROM_DIR = REPO / "deploy" / "prometheus"
 RULES = PROM_DIR / "prfaas-rules.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "prfaas-dashboard.json"
-INSTALL = "`make prometheus` installs Debian's prometheus package (needs root and apt-get)"
 
 
 def promtool() -> str:
+    check("prometheus")
     path = shutil.which("promtool")
-    if path is None:
-        pytest.skip(f"promtool not on PATH: {INSTALL}")
+    assert path is not None
     return path
 
 

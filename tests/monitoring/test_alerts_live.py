@@ -11,22 +11,14 @@ PRFAAS_ALERT_DRILL_OUT=FILE records the run (benchmarks/bench_alert_drill.py's J
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
-from monitoring_helpers import INSTALL, RULES, dashboard_queries, grafana_to_promql
+from monitoring_helpers import RULES, dashboard_queries, grafana_to_promql
 
+from needs import needs
 from prfaas.experiments.alert_drill import EXPECTED, record, run_drill, verdict
-from prfaas.serve.deploy.netns import netns_creatable
 
-pytestmark = [
-    pytest.mark.timeout(400),
-    pytest.mark.skipif(shutil.which("prometheus") is None,
-                       reason=f"prometheus not on PATH: {INSTALL}"),
-    pytest.mark.skipif(not netns_creatable(),
-                       reason="cannot create a network namespace here (needs root and "
-                              "iproute2): no link to cut"),
-]
+pytestmark = [pytest.mark.timeout(400), needs("prometheus", "netns")]
 
 ROUTER_SERIES = ("prfaas_requests_total", "prfaas_threshold_tokens", "prfaas_link_planned_gbps",
                  "prfaas_inflight_requests", "region:prfaas_ttft_seconds:p90_5m")

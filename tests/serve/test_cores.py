@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from needs import needs
 from prfaas.core.errors import ConfigError
 from prfaas.serve.cores import pin, pinned_thread
 from prfaas.serve.topology import load_topology, parse_topology
@@ -86,15 +87,14 @@ print(",".join(str(c) for c in sorted(set().union(*(os.sched_getaffinity(t) for 
 """
 
 
+@needs("cpus2")
 def test_pin_moves_threads_started_before_it() -> None:
     """A process's threads from before the pin (numpy's and torch's pools start at import) are
     pinned too; the control, pinning only the calling thread, leaves the other one unpinned."""
     import subprocess
     import sys
 
-    cpus = os.sched_getaffinity(0)
-    if len(cpus) < 2:
-        pytest.skip("needs 2 CPUs to tell a pinned thread from an unpinned one")
+    cpus = os.sched_getaffinity(0)  # 2 or more (needs): a pinned thread tells from another
     target = min(cpus)
     src = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -158,12 +158,11 @@ def _router_cpus(tmp_path: Path, cores: str | None) -> set[int]:
         reap([proc], 30.0)
 
 
+@needs("cpus2")
 def test_the_router_process_runs_on_router_cores(tmp_path: Path) -> None:
     """Every thread of a router started with `router.cores` is on them, read from the kernel
     once it serves; the control, the same router without them, runs anywhere this test can."""
-    cpus = os.sched_getaffinity(0)
-    if len(cpus) < 2:
-        pytest.skip("needs 2 CPUs to tell a pinned process from an unpinned one")
+    cpus = os.sched_getaffinity(0)  # 2 or more (needs): a pinned process tells from another
     target = max(cpus)
     assert _router_cpus(tmp_path, str(target)) == {target}
     assert _router_cpus(tmp_path, None) == cpus

@@ -14,11 +14,12 @@ import pytest
 import torch
 from serve_helpers import MODEL, THRESHOLD_TOKENS, get_text
 
+from needs import import_for
 from prfaas.engine import SamplingParams
 from prfaas.serve.deploy.launcher import Deployment
 
 pytestmark = pytest.mark.timeout(600)
-openai = pytest.importorskip("openai")
+openai = import_for("openai", "openai")
 LONG = "The quick brown fox jumps over the lazy dog. " * 8  # > THRESHOLD_TOKENS: PrfaaS route
 
 

@@ -1,7 +1,7 @@
 """Link faults on the kernel-shaped inter-DC link, each under steady load: partition, 10x rate
 drop, flapping, added RTT. Windows are scaled down from the issue's (benchmarks/bench_faults.py
-runs the full ones). Every request must complete with all its tokens: 0 lost. Needs root and
-iproute2 (skipped otherwise); one deployment for the module, namespaces removed at the end.
+runs the full ones). Every request must complete with all its tokens: 0 lost. Needs the netns
+feature (tests/needs.py); one deployment for the module, namespaces removed at the end.
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from typing import Any
 import pytest
 from serve_helpers import MODEL, get_text, topology
 
+from needs import needs
 from prfaas.bench.loadgen import run_load
 from prfaas.bench.workload import BenchRequest
 from prfaas.serve.deploy.faults import Fault, FaultRunner, summarize
 from prfaas.serve.deploy.launcher import Deployment
-from prfaas.serve.deploy.netns import namespaces, netns_creatable
+from prfaas.serve.deploy.netns import namespaces
 
 pytestmark = pytest.mark.timeout(600)
 RATE_GBPS = 0.05
 MAX_TOKENS = 6
 
-needs_netns = pytest.mark.skipif(not netns_creatable(),
-                                 reason="cannot create a network namespace here (needs root)")
+needs_netns = needs("netns")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from serve_helpers import MODEL, THRESHOLD_TOKENS, complete, get_text, post
 
+from needs import needs
 from prfaas.serve.deploy.launcher import Deployment
 
 pytestmark = pytest.mark.timeout(600)
@@ -100,8 +101,10 @@ def test_prfaas_link_ships_zstd_frames_and_tokens_equal_generate(live: Deploymen
     assert set(status["link"]["codecs"].values()) == {"zstd"}
 
 
+@needs("openai")
 def test_openai_client_completions_and_chat(live: Deployment, engine: Any) -> None:
-    openai = pytest.importorskip("openai")
+    import openai
+
     client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
     assert [m.id for m in client.models.list().data] == [MODEL]
     prompt = "Prefill as a service " * 20

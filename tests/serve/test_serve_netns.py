@@ -1,6 +1,6 @@
 """`link.emulation: netns`: the PrfaaS worker in its own network namespace behind a veth
-shaped by `tc tbf`, so its KV crosses a kernel rate limit (needs root and iproute2; the test is
-skipped where a namespace cannot be created, e.g. without root)."""
+shaped by `tc tbf`, so its KV crosses a kernel rate limit (the netns feature, tests/needs.py:
+CAP_NET_ADMIN and CAP_SYS_ADMIN, `ip` and `tc`)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import time
 import pytest
 from serve_helpers import complete, topology
 
+from needs import needs
 from prfaas.engine import Engine, EngineConfig
 from prfaas.serve.deploy.launcher import Deployment
-from prfaas.serve.deploy.netns import NetnsError, NetnsLink, namespaces, netns_creatable
+from prfaas.serve.deploy.netns import NetnsError, NetnsLink, namespaces
 
 RATE_GBPS = 0.02  # 20 Mbit/s: a ~1.3 MB KV takes ~0.5 s, far above loopback noise
 
-needs_netns = pytest.mark.skipif(not netns_creatable(),
-                                 reason="cannot create a network namespace here (needs root)")
+needs_netns = needs("netns")
 
 
 @needs_netns
@@ -105,11 +105,12 @@ def test_an_index_taken_between_check_and_create_moves_on_to_the_next(monkeypatc
 
 
 @needs_netns
-def test_probes_from_two_processes_at_once_both_succeed() -> None:
-    """Two test workers collecting the netns tests at once both probe: each must see a
-    namespace it can create (with a fixed probe index both failed, skipping the tests)."""
-    code = ("from prfaas.serve.deploy.netns import netns_creatable as c; "
-            "print(all(c() for _ in range(5)))")
+def test_links_from_two_processes_at_once_all_succeed() -> None:
+    """Two processes (two test workers, two deployments) each creating and removing links at
+    once: every create finds a free index (with a fixed index both would fail)."""
+    code = ("from prfaas.serve.deploy.netns import NetnsLink\n"
+            "for _ in range(5): NetnsLink.create(0.01).destroy()\n"
+            "print(True)")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]

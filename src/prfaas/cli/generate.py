@@ -37,8 +37,11 @@ class Options:
 
 
 def _native(o: Options) -> None:
-    config = engine_config(o.preset, seed=o.model_seed, threads=o.threads, device=o.device)
-    engine = Engine(config, weights_path=o.weights, digest_weights=False)
+    # a weight seed asks for a random init: there is no trained model per seed
+    weights = o.weights or ("seed" if o.model_seed is not None else None)
+    config = engine_config(o.preset, seed=o.model_seed, threads=o.threads, weights=weights,
+                           device=o.device)
+    engine = Engine(config, digest_weights=False)
     prompt_ids = engine.tokenizer.encode(o.prompt)
     sampling = SamplingParams(temperature=o.temperature, top_p=o.top_p, seed=o.seed)
     t0 = time.perf_counter()
@@ -50,9 +53,9 @@ def _native(o: Options) -> None:
         return
     click.echo(json.dumps({
         "text": text, "token_ids": token_ids, "prompt_tokens": len(prompt_ids),
-        "model": config.name, "layer_pattern": config.layer_pattern, "seed": config.seed,
-        "threads": config.threads, "device": config.device, "dtype": config.compute_dtype,
-        "elapsed_s": round(elapsed_s, 4),
+        "model": config.name, "layer_pattern": config.layer_pattern, "weights": config.weights,
+        "seed": config.seed, "threads": config.threads, "device": config.device,
+        "dtype": config.compute_dtype, "elapsed_s": round(elapsed_s, 4),
     }))
 
 
@@ -75,8 +78,11 @@ REFERENCES: dict[str, Callable[[Options], None]] = {"native": _native, "vllm": _
 @click.option("--top-p", default=1.0, show_default=True, type=float)
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed.")
 @click.option("--preset", default="tiny", show_default=True, type=click.Choice(list(PRESETS)))
-@click.option("--model-seed", default=None, type=int, help="Weight seed (default 0).")
-@click.option("--weights", default=None, type=click.Path(), help="safetensors weights file.")
+@click.option("--model-seed", default=None, type=int,
+              help="Random weights from this seed instead of the preset's trained ones.")
+@click.option("--weights", default=None,
+              help="`trained` (the tiny and mimo-like presets' default), `seed`, or a "
+                   "safetensors weights file.")
 @click.option("--threads", default=None, type=int, help="torch threads (default 1).")
 @click.option("--device", default=None,
               help="native: cpu (default), cuda or cuda:N (bf16 on a GPU; docs/gpu.md).")

@@ -16,6 +16,7 @@ The exactness contract above is the CPU engine's; on a GPU results agree to roun
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 
@@ -58,7 +59,10 @@ class Engine(EngineBase):
         """`digest_weights`: on a device other than the CPU in float32, hash the float32
         weights as they are made (`weights_sha256`: a worker's manifest identity); the
         one-process CLI commands skip it."""
-        super().__init__(config or EngineConfig.tiny())
+        config = config or EngineConfig.tiny()
+        if weights_path is not None:  # a file given here overrides the config's weights
+            config = dataclasses.replace(config, weights=str(weights_path))
+        super().__init__(config)
         self.device = torch_device(self.config)
         self.dtype = DTYPES[self.config.compute_dtype]
         torch.set_num_threads(self.config.threads)
@@ -67,12 +71,10 @@ class Engine(EngineBase):
         with torch.inference_mode():
             if self._on_host:
                 self.model = HybridLM(self.config)
-                if weights_path is not None:
-                    self.model.load_safetensors(weights_path)
             else:
-                self._build_placed(weights_path, digest_weights)
+                self._build_placed(digest_weights)
 
-    def _build_placed(self, weights_path: str | None, digest: bool) -> None:
+    def _build_placed(self, digest: bool) -> None:
         """The model made in float32 on the CPU and moved one weight at a time (a 3.7B model's
         float32 copy never exists whole), hashed on the way when `digest`."""
         h = hashlib.sha256() if digest else None
@@ -82,13 +84,8 @@ class Engine(EngineBase):
                 _hash_weight(h, name, p.detach())
             p.data = p.data.to(self.device, self.dtype)
 
-        self.model = HybridLM(self.config, seed_init=weights_path is not None)
-        if weights_path is None:
-            self.model.init_from_seed(self.config.seed, move)
-        else:
-            self.model.load_safetensors(weights_path)
-            for name, p in sorted(self.model.named_parameters()):
-                move(name, p)
+        self.model = HybridLM(self.config, load=False)
+        self.model.load_weights(move)
         self.model.place(self.device, self.dtype)
         if h is not None:
             self._weights_sha256 = h.hexdigest()

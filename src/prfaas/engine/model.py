@@ -1,7 +1,9 @@
 """HybridLM: embedding -> pre-norm blocks (mixer + SwiGLU MLP) -> final norm -> LM head.
 
-Weights come from the config's seed (a private torch.Generator, parameters filled in name
-order) or from a user's safetensors file with exactly this model's names and shapes.
+Weights come from the config's `weights`: `seed` (a private torch.Generator seeded with
+`config.seed`, parameters filled in name order), `trained` (the shipped weights of the config's
+`name`, engine/weights.py) or a user's safetensors file with exactly this model's names and
+shapes.
 `prefill` is layer-major and chunked: each layer runs over all new tokens in block-aligned
 chunks of `block_size_tokens` before the next layer starts, and `kv_ready(i)` fires as soon as
 layer i's cache for those tokens is final (the transport streams it while the rest computes):
@@ -39,6 +41,8 @@ from prfaas.engine.attention import GQA, MLA, Rope
 from prfaas.engine.kda_layer import KDA
 from prfaas.engine.kv import Store
 from prfaas.engine.ops import proj, rms_norm, rope_tables, swiglu
+from prfaas.engine.weights import read as read_weights
+from prfaas.engine.weights import trained_path
 from prfaas.models.engine_config import EngineConfig
 
 Mixer = MLA | GQA | KDA
@@ -99,8 +103,8 @@ class Block(nn.Module):
 
 
 class HybridLM(nn.Module):
-    def __init__(self, cfg: EngineConfig, seed_init: bool = True) -> None:
-        """`seed_init` False: every weight zero (Engine fills them one at a time, moving each
+    def __init__(self, cfg: EngineConfig, load: bool = True) -> None:
+        """`load` False: every weight zero (Engine loads them with `load_weights`, moving each
         to the device as it goes, so the CPU never holds all of a large model at once)."""
         super().__init__()
         self.cfg = cfg
@@ -114,8 +118,8 @@ class HybridLM(nn.Module):
             for i in range(cfg.num_layers))
         self.final_norm = _param(cfg.hidden)
         self.lm_head = _param(cfg.vocab_size, cfg.hidden)
-        if seed_init:
-            self.init_from_seed(cfg.seed)
+        if load:
+            self.load_weights()
 
     def block(self, index: int) -> Block:
         return cast(Block, self.blocks[index])
@@ -132,6 +136,19 @@ class HybridLM(nn.Module):
             mixer = cast(Block, block).mixer
             if isinstance(mixer, (MLA, GQA)):
                 mixer.fused_attention = device.type == "cuda"
+
+    def load_weights(self, after: Callable[[str, nn.Parameter], None] | None = None) -> None:
+        """The config's weights (`seed`, `trained` or a file); `after(name, p)` on each
+        parameter once it holds its value, in name order."""
+        if self.cfg.weights == "seed":
+            self.init_from_seed(self.cfg.seed, after)
+            return
+        trained = self.cfg.weights == "trained"
+        self.load_safetensors(trained_path(self.cfg.name) if trained else self.cfg.weights,
+                              trained=trained)
+        if after is not None:
+            for name, p in sorted(self.named_parameters()):
+                after(name, p)
 
     def init_from_seed(self, seed: int,
                        after: Callable[[str, nn.Parameter], None] | None = None) -> None:
@@ -158,21 +175,23 @@ class HybridLM(nn.Module):
         else:
             p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
 
-    def load_safetensors(self, path: str | Path) -> None:
-        from safetensors.torch import load_file
-
+    def load_safetensors(self, path: str | Path, trained: bool = False) -> None:
+        """Every parameter from `path` (packed or plain safetensors, engine/weights.py)."""
         if not Path(path).is_file():
             raise ConfigError("weights_path", str(path), "no such file")
-        loaded = load_file(str(path))
+        loaded = read_weights(path)
         own = dict(self.named_parameters())
         missing, extra = sorted(set(own) - set(loaded)), sorted(set(loaded) - set(own))
+        # the shipped weights fit their preset's shape only
+        hint = (f" (the trained weights of {self.cfg.name} fit its preset's shape; another "
+                "shape needs weights: seed)") if trained else ""
         if missing or extra:
-            raise ConfigError("weights_path", str(path),
-                              f"names differ: missing {missing[:5]}, unexpected {extra[:5]}")
+            raise ConfigError("weights_path", str(path), f"names differ: missing "
+                              f"{missing[:5]}, unexpected {extra[:5]}{hint}")
         for name, tensor in loaded.items():
             if tuple(tensor.shape) != tuple(own[name].shape):
                 raise ConfigError(f"weights[{name}]", tuple(tensor.shape),
-                                  f"expected shape {tuple(own[name].shape)}")
+                                  f"expected shape {tuple(own[name].shape)}{hint}")
             own[name].copy_(tensor.float())
 
     def save_safetensors(self, path: str | Path) -> None:

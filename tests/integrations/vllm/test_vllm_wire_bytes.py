@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from vllm_live import serve_completions
 
+from needs import needs
 from prfaas.integrations.vllm import stream_params
 from prfaas.integrations.vllm.link import Finish, RecvLink, Result, SendLink, Tensor
 from prfaas.integrations.vllm.params import RecvParams
@@ -151,9 +152,9 @@ def _route(lines: list[str], kv_bytes: int) -> tuple[AttemptReport, Outcome, Liv
     return asyncio.run(go())
 
 
+@needs("vllm")  # the scheduler half imports vLLM's types
 @pytest.mark.parametrize("compression", ["lz4", "none"])
 def test_the_vllm_route_reports_what_crossed_the_link(compression: str) -> None:
-    pytest.importorskip("vllm")  # the scheduler half imports vLLM's types
     sent, got, tensor_bytes = _transfer(compression)
     assert got.wire_bytes == sent.wire_bytes  # the receiver counts what the sender wrote
     assert sent.wire_bytes is not None

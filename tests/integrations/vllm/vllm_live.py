@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from prfaas.bench.loadgen import sse_payloads
+from prfaas.bench.stdlib_text import heldout_windows
 from prfaas.integrations.vllm.model_builder import ensure_model
 from prfaas.integrations.vllm.reference import deployment_with_reference, post_completion
 from prfaas.serve.deploy.launcher import Deployment
@@ -200,6 +201,15 @@ def prompts(lengths: list[int], seed: int) -> list[list[int]]:
     """Token-id prompts (ids 3..999: no special tokens), one per length."""
     rng = random.Random(seed)
     return [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
+
+
+def text_prompts(model_dir: Path, lengths: list[int], seed: int) -> list[list[int]]:
+    """Prompts of held-out stdlib docstrings (text the trained models never saw, where their
+    next-token distributions are peaked), in the model's own tokens, one per length."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    return heldout_windows(lambda text: list(tok.encode(text).ids), lengths, seed)
 
 
 def trace(trace_dir: Path, worker: str) -> list[dict[str, Any]]:

@@ -48,7 +48,7 @@ def generate_vllm(prompt: str, max_tokens: int, as_json: bool, model_dir: str | 
 
     s = settings_for(model_dir, topology_path)
     if model_dir is None:
-        ensure_model(s.arch, s.model_dir, s.model_seed)
+        ensure_model(s.arch, s.model_dir, s.model_seed, s.model_weights)
     out = generate(s, prompt, max_tokens)
     click.echo(json.dumps(out) if as_json else out["text"])
 
@@ -56,8 +56,13 @@ def generate_vllm(prompt: str, max_tokens: int, as_json: bool, model_dir: str | 
 @click.command("vllm-model")
 @click.option("--arch", required=True, type=click.Choice(list(ARCHS)))
 @click.option("--out", "out_dir", required=True, help="Directory to write the model to.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Weight seed.")
-def command(arch: str, out_dir: str, seed: int) -> None:
-    """Build a tiny real-architecture HF model (seeded random weights, local tokenizer)."""
-    path = build_model(arch, out_dir, seed)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Weight seed (with --weights seed).")
+@click.option("--weights", default="trained", show_default=True,
+              type=click.Choice(["trained", "seed"]),
+              help="trained: the shipped weights (trained on the stdlib's docstrings); seed: "
+                   "random from --seed.")
+def command(arch: str, out_dir: str, seed: int, weights: str) -> None:
+    """Build a tiny real-architecture HF model (shipped trained or seeded random weights)."""
+    path = build_model(arch, out_dir, seed, weights)
     click.echo(f"wrote {arch} model to {path}")

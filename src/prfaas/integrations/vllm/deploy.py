@@ -155,4 +155,4 @@ def prepare(topology: Topology) -> None:
     from prfaas.integrations.vllm.model_builder import ensure_model
 
     s = settings(topology)
-    ensure_model(s.arch, s.model_dir, s.model_seed)
+    ensure_model(s.arch, s.model_dir, s.model_seed, s.model_weights)

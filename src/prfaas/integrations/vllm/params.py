@@ -68,8 +68,10 @@ class SendParams:
 # zero_state: every recurrent (SSM) state arrives zeroed; foreign_conv: the conv states are the
 # previous transfer's (another request's); shift_blocks: KV block j is written to block j+1;
 # int4_kv: every full-attention KV tensor goes through 4-bit integers with one scale per tensor
-# (wire_quant.int4_control: the negative control of the fp8 wire's quality figure).
-FAULTS = ("zero_state", "foreign_conv", "shift_blocks", "int4_kv")
+# (wire_quant.int4_control: the negative control of the fp8 wire's quality figure);
+# fp8_wrong_scale: fp8 codes decoded with twice their scales (a wrong-scale quantizer; no effect
+# on a transfer that is not fp8).
+FAULTS = ("zero_state", "foreign_conv", "shift_blocks", "int4_kv", "fp8_wrong_scale")
 
 
 @dataclass(frozen=True, slots=True)

@@ -478,6 +478,8 @@ class WorkerHalf:
             if len(pair) < 2:
                 return
             del inc.halves[(layer, base)]
+            if job.fault == "fp8_wrong_scale":
+                pair[base + SCALE_SUFFIX] = pair[base + SCALE_SUFFIX] * 2
             data = decode_blocks(pair, base, BlockLayout.of(spec), dim, cache.dtype)
         else:
             data = from_wire(array, cache)
