@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit unit-nosimd bench clean venv vllm vllm-nixl demo-vllm bench-vllm vllm-gpu
+.PHONY: demo test lint typecheck unit unit-nosimd bench clean venv vllm vllm-nixl demo-vllm bench-vllm \
+	clients bench-clients bench-clients-quick vllm-gpu
 VLLM_STAMP := $(VENV)/.vllm-installed
 
 $(STAMP): pyproject.toml
@@ -69,6 +70,28 @@ vllm-gpu: $(GPU_STAMP)
 bench-vllm: vllm-nixl
 	$(BIN)/python benchmarks/bench_vllm.py
 
+# The benchmark clients users measure serving systems with, each in its own venv (they pull
+# their own transformers, and guidellm torch: constraints.txt keeps that the CPU wheel);
+# `vllm bench serve` comes with the [vllm] extra. docs/clients.md.
+CLIENTS_DIR := .clients
+CLIENT_NAMES := guidellm aiperf
+CLIENT_REQS := benchmarks/clients
+$(CLIENTS_DIR)/%/.installed: $(CLIENT_REQS)/%.txt $(CLIENT_REQS)/%.lock $(CLIENT_REQS)/constraints.txt
+	@test -x $(CLIENTS_DIR)/$*/bin/python || $(PY) -m venv $(CLIENTS_DIR)/$* || python3 -m venv $(CLIENTS_DIR)/$*
+	$(CLIENTS_DIR)/$*/bin/python -m pip install -q --upgrade pip
+	$(CLIENTS_DIR)/$*/bin/python -m pip install -q -r $(CLIENT_REQS)/$*.txt \
+		-c $(CLIENT_REQS)/constraints.txt -c $(CLIENT_REQS)/$*.lock
+	@touch $@
+
+clients: $(CLIENT_NAMES:%=$(CLIENTS_DIR)/%/.installed)
+
+bench-clients: clients $(VLLM_STAMP)
+	$(BIN)/python benchmarks/bench_clients.py --out out/clients
+
+# CI size (docs/clients.md): the native topology, a few minutes once the venvs exist
+bench-clients-quick: clients $(VLLM_STAMP)
+	$(BIN)/python benchmarks/bench_clients.py --quick --out out/clients-quick
+
 demo: $(STAMP)
 	$(BIN)/prfaas reproduce --out out/reproduce
 	$(BIN)/python -m prfaas.serve.deploy.demo
@@ -119,4 +142,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) $(VENV_GPU) out .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VENV_GPU) $(CLIENTS_DIR) out .mypy_cache .ruff_cache .pytest_cache

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 Loader = Callable[[str], Any]
 
 
@@ -214,96 +212,96 @@ def vllm_bench_serve(load: Loader) -> str:
     return "\n".join(lines)
 
 
-@table("sim-vs-live")
-def sim_vs_live(load: Loader) -> str:
-    """docs/sim-vs-live.md: the committed quiet run, live beside sim (sim_vs_live.json)."""
-    runs = load("sim_vs_live.json")["runs"]
-    head = [""]
-    for r in runs:
-        pct = f"{r['load_fraction']:.0%} load"
-        head += [f"{pct}: live", "sim", "live/sim"]
-    lines = [_cells(head), "|" + "---|" * len(head)]
+SIM_VS_LIVE_RUNS = (1, 2, 3)  # the series docs/sim-vs-live.md cites (results/sim_vs_live/)
 
-    def row(label: str, get: Callable[[dict[str, Any]], float], fmt: str, ratio: str = ".2f",
-            key: str | None = None) -> None:
-        cells = [label]
-        for r in runs:
-            live, sim = get(r["live"]), get(r["sim"])
-            shown = r["live_over_sim"][key] if key else live / sim
-            cells += [format(live, fmt), format(sim, fmt), format(shown, ratio)]
-        lines.append(_cells(cells))
 
-    def ttft(q: str) -> Callable[[dict[str, Any]], float]:
-        return lambda w: float(w["ttft_s"][q])
+def _pct(x: float | None, signed: bool = False) -> str:
+    return "—" if x is None else format(x, "+.1%" if signed else ".1%")
 
-    for q, name in (("mean", "ttft_mean"), ("p50", "ttft_p50"), ("p90", "ttft_p90")):
-        row(f"TTFT {q.upper() if q != 'mean' else q} (s)", ttft(q), ".3f", key=name)
-    cells = ["TTFT mean, PrfaaS route / PD route (s)"]
-    for r in runs:
-        for side in ("live", "sim"):
-            by = r[side]["ttft_s_by_route"]
-            cells.append(f"{by['prfaas']['mean']:.3f} / {by['pd']['mean']:.3f}")
-        cells.append("")
-    lines.append(_cells(cells))
-    row("offload fraction", lambda w: w["offload_fraction"], ".2f")
-    row("KV bytes over the inter-DC link (MB)", lambda w: w["kv_bytes_over_link"] / 1e6, ".1f",
-        key="kv_bytes")
-    row("throughput (req/s, n / (last finish − first arrival))",
-        lambda w: w["throughput"]["requests_per_s"], ".3f", key="throughput")
-    cells = ["per-request TTFT correlation"]
-    for r in runs:
-        cells += [f"{r['live_over_sim']['ttft_per_request_corr']:.3f}", "", ""]
-    lines.append(_cells(cells))
+
+def _sim_vs_live_runs(load: Loader, engine: str) -> str:
+    lines = [
+        _cells(["run", "load: share of capacity (req/s)", "requests", "TTFT MAPE [90% interval]",
+                "baseline MAPE", "without overheads", "TTFT P50 / P90 err", "E2E err",
+                "throughput live / sim (req/s)", "routes", "verdict"]),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k in SIM_VS_LIVE_RUNS:
+        run = load(f"sim_vs_live/{engine}_run{k}.json")
+        verdicts = run["verdict"]["loads"]
+        for i, x in enumerate(run["loads"]):
+            ci = x["ttft_mape_ci90"]
+            v = verdicts[i]
+            lines.append(_cells([
+                str(k) if i == 0 else "",
+                f"{x['share_of_capacity']:.2f} ({x['offered_rps']:.3f})",
+                f"{x['compared']} of {x['requests']}",
+                f"{_pct(x['ttft_mape'])} [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "—",
+                _pct(x["baseline_ttft_mape"]), _pct(x["ttft_mape_without_route_overheads"]),
+                f"{_pct(x['ttft_p50_err'], True)} / {_pct(x['ttft_p90_err'], True)}",
+                _pct(x["e2e_mean_err"], True),
+                f"{x['throughput_live_rps']:.3f} / {x['throughput_sim_rps']:.3f}",
+                f"{x['route_agreement']:.0%}",
+                "predicts" if v["predicts"] else "does not"]))
+        if "incomplete" in run:
+            lines.append(_cells([str(k), f"stopped: {run['incomplete']}", *[""] * 9]))
     return "\n".join(lines)
 
 
-def _load_range(values: list[float]) -> str:
-    return f"{min(values):.1f}–{max(values):.1f}"
+@table("sim-vs-live-native")
+def sim_vs_live_native(load: Loader) -> str:
+    """docs/sim-vs-live.md: the native series, every load of every run."""
+    return _sim_vs_live_runs(load, "native")
 
 
-@table("sim-vs-live-calibration")
-def sim_vs_live_calibration(load: Loader) -> str:
-    """docs/sim-vs-live.md: per-request error of the simulator, emulated and torch runs.
+@table("sim-vs-live-vllm")
+def sim_vs_live_vllm(load: Loader) -> str:
+    """docs/sim-vs-live.md: the vLLM series, every load of every run."""
+    return _sim_vs_live_runs(load, "vllm")
 
-    The quiet torch run's JSON keeps per-request TTFTs only: its errors are computed here with
-    the project's own `per_request_error`, as the loaded run's were when it was written."""
-    from prfaas.bench.calibration import per_request_error
 
-    names = {"prfaas_pd": "PrfaaS-PD", "homogeneous_pd": "homogeneous PD",
-             "naive_heterogeneous": "naive heterogeneous"}
+@table("sim-vs-live-model")
+def sim_vs_live_model(load: Loader) -> str:
+    """docs/sim-vs-live.md: each run's fitted constants, and its TTFT MAPE with the whole
+    calibration, without the service scale, and on the profile alone."""
     lines = [
-        _cells(["backend, system, load", "host load avg", "TTFT MAPE", "TTFT P50 err",
-                "TTFT P90 err", "E2E MAPE", "E2E P50 err", "E2E P90 err"]),
+        _cells(["backend, run", "prefill x PrfaaS / PD", "overheads PrfaaS / PD (ms)",
+                "KV live / sim", "load", "calibrated", "without service scale",
+                "profile alone"]),
         "|---|---|---|---|---|---|---|---|",
     ]
+    for engine in ("native", "vllm"):
+        for k in SIM_VS_LIVE_RUNS:
+            run = load(f"sim_vs_live/{engine}_run{k}.json")
+            scale, ov = run["service_scale"], run["route_overhead_s"]
+            for i, x in enumerate(run["loads"]):
+                kv = x["kv_bytes_live_over_sim"]
+                head = [f"{engine} {k}", f"{scale['prfaas']:.2f} / {scale['pd']:.2f}",
+                        f"{ov['prfaas'] * 1e3:.0f} / {ov['pd'] * 1e3:.0f}",
+                        "—" if kv is None else f"{kv['mean']:.3f}"] if i == 0 else [""] * 4
+                lines.append(_cells([*head, f"{x['share_of_capacity']:.2f}",
+                                     _pct(x["ttft_mape"]),
+                                     _pct(x["ttft_mape_without_service_scale"]),
+                                     _pct(x["ttft_mape_profile_only"])]))
+    return "\n".join(lines)
 
-    def add(
-        label: str, loads: list[float], ttft: dict[str, Any], e2e: dict[str, Any] | None
-    ) -> None:
-        errs = [ttft["mape"], ttft["p50_err"], ttft["p90_err"]]
-        more = [e2e["mape"], e2e["p50_err"], e2e["p90_err"]] if e2e else None
-        lines.append(_cells([label, _load_range(loads), *(f"{x:.1%}" for x in errs),
-                             *((f"{x:.1%}" for x in more) if more else ["—"] * 3)]))
 
-    for run in ("run3", "run1"):
-        data = load(f"live/paper-case-study-{run}.json")
-        loads = list(data["loadavg_start_end"]) + [
-            r["live"]["loadavg_1m"] for s in data["systems"].values() for r in s["runs"]]
-        for name, system in data["systems"].items():
-            cal = system["calibration"]["own70"]
-            add(f"emulated, {names[name]}, 70% ({run.replace('run', 'run ')})", loads,
-                cal["ttft"], cal["e2e"])
-    for file, host in (("sim_vs_live.json", "quiet"), ("sim_vs_live_loaded.json", "loaded")):
-        for r in load(file)["runs"]:
-            cal = r.get("calibration")
-            if cal is None:
-                cols = r["requests_columns"]
-                live = [row[cols.index("live_ttft_s")] for row in r["requests"]]
-                sim = [row[cols.index("sim_ttft_s")] for row in r["requests"]]
-                cal = {"ttft": per_request_error(np.asarray(live, dtype=float),
-                                                   np.asarray(sim, dtype=float)), "e2e": None}
-            add(f"torch tiny engine, 1/1/1, {r['load_fraction']:.0%} ({host})",
-                r["live"]["loadavg_1m_before_after"], cal["ttft"], cal["e2e"])
+@table("sim-vs-live-16core")
+def sim_vs_live_16core(load: Loader) -> str:
+    """docs/sim-vs-live.md: the native command on a 16-core host, 6 cores per deployment
+    (results/sim_vs_live/16core_host/, the older code's schema)."""
+    lines = [_cells(["run", "requests per load", "TTFT MAPE at 0.25 / 0.5 / 0.75 of capacity",
+                     "PrfaaS route at 0.75", "throughput error (max)", "routes (min)"]),
+             "|---|---|---|---|---|---|"]
+    for k in (1, 2, 3):
+        run = load(f"sim_vs_live/16core_host/native_full_run{k}.json")
+        loads = run["loads"]
+        lines.append(_cells([
+            str(k), str(loads[0]["requests"]),
+            " / ".join(_pct(x["ttft_mape"]) for x in loads),
+            _pct(loads[-1]["ttft_mape_by_live_route"]["prfaas"]),
+            _pct(max(x["throughput_rel_err"] for x in loads)),
+            f"{min(x['route_agreement'] for x in loads):.0%}"]))
     return "\n".join(lines)
 
 

@@ -9,13 +9,17 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def live() -> Iterator[Any]:
-    """One deployment (serve_helpers.topology) shared by the live test modules."""
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One deployment (serve_helpers.topology) shared by the live test modules; its router
+    keeps a per-request log (`live.request_log`, router/request_log.py)."""
     from serve_helpers import topology
 
     from prfaas.serve.deploy.launcher import Deployment
+    from prfaas.serve.deploy.proc import REQUEST_LOG_ENV
 
-    with Deployment(topology()) as dep:
+    log = tmp_path_factory.mktemp("router") / "requests.jsonl"
+    with Deployment(topology(), router_env={REQUEST_LOG_ENV: str(log)}) as dep:
+        dep.request_log = log  # type: ignore[attr-defined]
         yield dep
 
 

@@ -107,7 +107,10 @@ def test_echo_allows_max_tokens_zero_and_sampling_dict() -> None:
     assert req.max_tokens == 0 and req.prompt_text == "hi"
     assert req.sampling()["prompt_logprobs"] == 1
     plain = _parse(BASE["completions"]).sampling()
-    assert set(plain) == {"temperature", "top_p", "seed", "ignore_eos"}  # old keys only
+    assert set(plain) == {"temperature", "top_p", "ignore_eos"}  # old keys only
+    # a seed goes to the workers only when the client sent one (vLLM then samples unseeded,
+    # as its own server does; prfaas' workers default to seed 0 either way)
+    assert _parse({**BASE["completions"], "seed": 0}).sampling()["seed"] == 0
 
 
 def _feed(stops: tuple[str, ...], text: bytes, min_tokens: int = 0) -> tuple[list[str], StopText]:
@@ -208,3 +211,47 @@ def test_events_without_what_the_request_needs_are_502() -> None:
         assert info.value.status == 502
     plain = Reply(_parse(BASE["completions"]), "cmpl-y")
     assert feed(plain, TokenEvent(65))[0]["choices"][0]["text"] == "A"
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_usage_stats_puts_usage_in_every_chunk(chat: bool) -> None:
+    """vLLM's `continuous_usage_stats` (guidellm always sends it): every chunk carries the
+    prompt's tokens and its choice's tokens so far; without it no chunk does (the control)."""
+    route = "chat" if chat else "completions"
+    for continuous in (True, False):
+        opts = {"include_usage": True, "continuous_usage_stats": continuous}
+        req = _parse({**BASE[route], "n": 2, "stream": True, "stream_options": opts}, chat)
+        assert (req.include_usage, req.continuous_usage) == (True, continuous)
+        reply = Reply(req, "x")
+        chunks = [*reply.token(0, ord("a"), 0.0), *reply.token(1, ord("b"), 0.0),
+                  *reply.token(0, 0xC3, 0.0),  # half a character: a chunk without text
+                  *reply.token(0, 0xA9, 0.0), *reply.finish()]
+        usages = [(c["choices"][0]["index"], c.get("usage")) for c in chunks]
+        if not continuous:
+            assert all(u is None for _, u in usages)
+            continue
+        n_in = len(req.token_ids)
+        assert [(i, u["completion_tokens"]) for i, u in usages] == [
+            (0, 1), (1, 1), (0, 2), (0, 3), (0, 3), (1, 1)]
+        assert all(u["prompt_tokens"] == n_in and u["total_tokens"] == n_in + u[
+            "completion_tokens"] for _, u in usages)
+
+
+@pytest.mark.parametrize(("opts", "needle"), [
+    ({"include_usage": True, "bogus": True}, "stream_options.bogus"),
+    ({"continuous_usage_stats": True}, "needs 'include_usage'"),
+    ({"include_usage": "yes"}, "must be a boolean"),
+    ({"include_usage": True, "include_obfuscation": True}, "include_obfuscation"),
+    ("on", "must be an object"),
+])
+def test_bad_stream_options_are_400_naming_the_option(opts: object, needle: str) -> None:
+    with pytest.raises(ApiError) as info:
+        _parse({**BASE["completions"], "stream": True, "stream_options": opts})
+    assert info.value.status == 400 and info.value.param == "stream_options"
+    assert needle in info.value.message
+
+
+def test_neutral_stream_options_are_accepted() -> None:
+    req = _parse({**BASE["completions"], "stream": True, "stream_options": {
+        "include_usage": False, "continuous_usage_stats": False, "include_obfuscation": False}})
+    assert (req.include_usage, req.continuous_usage) == (False, False)

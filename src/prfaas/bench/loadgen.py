@@ -118,15 +118,19 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, index: int,
 
 async def run_load(url: str, model: str, requests: list[BenchRequest], arrivals_s: list[float],
                    timeout_s: float = 300.0,
-                   on_done: Callable[[Result], None] | None = None) -> list[Result]:
-    """Send requests[i % len(requests)] at arrivals_s[i]; returns results in arrival order."""
+                   on_done: Callable[[Result], None] | None = None,
+                   deadline_s: float | None = None) -> list[Result]:
+    """Send requests[i % len(requests)] at arrivals_s[i]; returns results in arrival order.
+    `deadline_s`: no request runs past this many seconds from the run's start (one still
+    running then ends with a TimeoutError, as one past its own `timeout_s` does)."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         t_run = time.perf_counter()
 
         async def fire(i: int, at_s: float) -> Result:
             await asyncio.sleep(max(at_s - (time.perf_counter() - t_run), 0.0))
-            res = await _one(session, url, model, i, requests[i % len(requests)], t_run,
-                             timeout_s)
+            limit = timeout_s if deadline_s is None else \
+                max(min(timeout_s, deadline_s - (time.perf_counter() - t_run)), 1e-3)
+            res = await _one(session, url, model, i, requests[i % len(requests)], t_run, limit)
             if on_done is not None:
                 on_done(res)
             return res

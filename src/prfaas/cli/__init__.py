@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vllm-model": ("prfaas.integrations.vllm.cli", "Build a tiny HF model for vLLM (no download)."),
     "bench": ("prfaas.cli.bench", "Replay requests against a running router."),
     "certs": ("prfaas.cli.certs", "Certificates for a topology's mutual-TLS links."),
+    "tokenizer": ("prfaas.cli.tokenizer",
+                  "The served model's tokenizer folder, for benchmark clients."),
 }
 
 

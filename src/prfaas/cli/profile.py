@@ -128,7 +128,8 @@ def _idle(topology_path: str, doc: dict[str, Any]) -> dict[str, Any]:
 
 def _scenario(topology_path: str | None, profile: str, path: str) -> None:
     from prfaas.experiments.engine_facts import model_facts
-    from prfaas.experiments.sim_vs_live import QUICK, scenario_dict
+    from prfaas.experiments.sim_vs_live.options import QUICK
+    from prfaas.experiments.sim_vs_live.scenario import scenario_dict
     from prfaas.serve.topology import load_topology
 
     if topology_path is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ import click
 from prfaas.core.errors import ConfigError
 from prfaas.security.apikey import check_key
 from prfaas.serve.deploy.launcher import Deployment
+from prfaas.serve.deploy.proc import REQUEST_LOG_ENV
 from prfaas.serve.router.service import build_policy
 from prfaas.serve.topology import Topology, load_topology
 
@@ -22,13 +24,17 @@ if TYPE_CHECKING:
 
 
 def _deployment(topo: Topology, log_dir: str | None, key: str | None,
-                ray_address: str | dict[str, str] | None, ray_spec: RaySpecT | None
-                ) -> Deployment | RayDeploymentT:
+                ray_address: str | dict[str, str] | None, ray_spec: RaySpecT | None,
+                request_log: str | None = None) -> Deployment | RayDeploymentT:
     def log(m: str) -> None:
         click.echo(f"launcher: {m}", err=True)
 
     if ray_address is None:
-        return Deployment(topo, log_dir, log=log, api_key=key)
+        env = {REQUEST_LOG_ENV: str(Path(request_log).absolute())} if request_log else None
+        return Deployment(topo, log_dir, log=log, api_key=key, router_env=env)
+    if request_log is not None:
+        raise ConfigError("--request-log", request_log, "is not supported with --ray (the "
+                          "router runs on a Ray node)")
     from prfaas.serve.deploy.ray.deployment import RayDeployment
     from prfaas.serve.deploy.ray.spec import RaySpec
 
@@ -69,10 +75,15 @@ def _raise_stop(signum: int, _: FrameType | None) -> None:
               help="Run the router and workers on the Ray cluster at ADDRESS (its GCS host:port, "
               "or ray://HEAD:PORT), placed by the topology's `ray:` resources; or one cluster per "
               "datacenter, repeated: --ray dc_prfaas=ADDR --ray dc_local=ADDR (docs/deploy.md).")
+@click.option("--request-log", default=None, metavar="PATH",
+              help="The router appends one JSON line per request here (its id, the client's "
+              "X-Request-Id, status, route, token counts, TTFT, end-to-end time; "
+              "docs/clients.md).")
 def command(topology_path: str | None, port: int | None, policy: str | None,
             api_key: str | None, protect_metrics: bool,
             threshold_tokens: int | None, log_dir: str | None, scenario_name: str | None,
-            system: str, scales_text: str | None, ray_values: tuple[str, ...]) -> None:
+            system: str, scales_text: str | None, ray_values: tuple[str, ...],
+            request_log: str | None) -> None:
     """Start the router and every worker of the topology as processes on this host."""
     ray_spec = None
     ray_address: str | dict[str, str] | None = None
@@ -103,7 +114,7 @@ def command(topology_path: str | None, port: int | None, policy: str | None,
     if protect_metrics:
         topo = replace(topo, security=replace(topo.security, metrics="protected"))
     key = check_key(api_key, "--api-key") if api_key is not None else None
-    deployment = _deployment(topo, log_dir, key, ray_address, ray_spec)
+    deployment = _deployment(topo, log_dir, key, ray_address, ray_spec, request_log)
     # SIGINT too, explicitly: a process started in the background of a non-interactive shell
     # (CI scripts, `cmd &`) inherits SIGINT ignored, and Python then leaves it ignored, so
     # `kill -INT` would not stop the deployment

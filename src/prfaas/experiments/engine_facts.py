@@ -1,6 +1,7 @@
 """What sim-vs-live and profiling need to know of a topology's engine, asked through the engine
 registry (serve/engines.py), never by testing the engine's name: its registry name, the served
-model's context, tokenizer vocabulary and depth (the simulator's layer-wise transfer tail)."""
+model's context, tokenizer vocabulary, depth (the simulator's layer-wise transfer tail) and
+cache block."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class ModelFacts:
     max_context_tokens: int
     vocab_size: int
     num_layers: int
+    block_size_tokens: int = 1  # the served model's cache block (the router's hash block)
 
 
 def _native_spec(topology: Any) -> ModelSpec:
@@ -51,7 +53,8 @@ def model_facts(topology: Any) -> ModelFacts:
     backend.prepare()  # e.g. vLLM: build the tiny model if missing (the tokenizer reads it)
     card = backend.card()
     return ModelFacts(backend.name, card.max_context_tokens,
-                      int(backend.tokenizer().vocab_size), SPECS[backend.name](topology).num_layers)
+                      int(backend.tokenizer().vocab_size), SPECS[backend.name](topology).num_layers,
+                      card.block_size_tokens)
 
 
 def _native_profile(topology: Any, log_dir: str) -> dict[str, Any]:

@@ -9,8 +9,8 @@ client TTFT and the route the policy chose: the profile's `idle_ttft` points.
 
 `route_overheads` turns them into one fixed overhead per route: the median, over that route's
 points, of the idle TTFT minus what the simulator predicts for the same lone request from the
-engine profile (the simulator itself computes that side: sim_vs_live.simulate_idle). Nothing
-here looks at a loaded run.
+engine profile (the simulator itself computes that side: sim_vs_live/calibration.py, which
+also reads each point's `prefill_s` and counted KV bytes). Nothing here looks at a loaded run.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from prfaas.serve.cores import pinned_thread
 HOW = ("client TTFT of single requests (fresh random token-id prompts, streaming, greedy, "
        "4 output tokens, ignore_eos) through the topology's router, one at a time with the "
        "deployment otherwise idle, after one unmeasured round of the lengths (warm-up); "
-       "route = the policy's first choice; prefill_s = the router's account of the prefill "
-       "(diagnosis only)")
+       "route = the policy's first choice; prefill_s = the router's account of the prefill, "
+       "kv_bytes / kv_wire_bytes = the KV bytes the connector counted (tensor / on the wire)")
 OUTPUT_TOKENS = 4
 # after each request, so the next one finds every instance idle: longer than the 1 s a vLLM
 # Worker keeps spinning on its step queue after its last step (shm_broadcast.SpinCondition),
@@ -45,10 +45,10 @@ def measure(topology: Any, lengths: list[int], log_dir: str | Path, reps: int = 
     """Start the topology (free ports), measure, stop it: the profile's `idle_ttft` section."""
     from prfaas.experiments.engine_facts import model_facts
     from prfaas.experiments.runs import deployed
-    from prfaas.experiments.sim_vs_live import free_ports, served_model
+    from prfaas.experiments.sim_vs_live.live import free_ports, served_model
 
     facts = model_facts(topology)
-    usable = usable_lengths(lengths, facts.max_context_tokens)
+    usable = usable_lengths(lengths, facts.max_context_tokens, facts.block_size_tokens)
     with (deployed(free_ports(topology), Path(log_dir) / "idle-routes") as dep,
           pinned_thread(topology.router_cores, "router.cores")):  # the client: as sim-vs-live's
         points = measure_on(dep.url, served_model(dep.url), usable, facts.vocab_size, reps,
@@ -56,9 +56,16 @@ def measure(topology: Any, lengths: list[int], log_dir: str | Path, reps: int = 
     return {"how": HOW, "points": points}
 
 
-def usable_lengths(lengths: list[int], max_context_tokens: int) -> list[int]:
-    """The lengths a lone request can have with its output tokens in the model's context."""
-    return [n for n in lengths if n < max_context_tokens - OUTPUT_TOKENS - 1]
+def usable_lengths(lengths: list[int], max_context_tokens: int, block_tokens: int = 1
+                   ) -> list[int]:
+    """The lengths a lone request can have with its output tokens in the model's context,
+    each (when longer than a cache block) half a block short of the given one: a prompt of a
+    whole number of blocks is the connector's special case (the native worker then ships no
+    partial block's state snapshot, vLLM's last block is full), and a workload's prompts are
+    not, so the bytes the idle points count are those of a typical prompt."""
+    half = block_tokens // 2
+    return [n - half if n > block_tokens else n for n in lengths
+            if n - half < max_context_tokens - OUTPUT_TOKENS - 1]
 
 
 def lone_request(url: str, model: str, length: int, output_tokens: int, vocab_size: int,
@@ -102,10 +109,14 @@ def measure_on(url: str, model: str, lengths: list[int], vocab_size: int, reps: 
         for n in lengths:
             res = lone_request(url, model, n, OUTPUT_TOKENS, vocab_size, rng)
             if res.ok and res.ttft_s is not None:
-                prefill = _num(res.prfaas.get("prefill_s"))  # diagnosis only, never compared
+                # the deployment's own prefill time and the KV bytes its connector counted:
+                # the simulator's service time and S_kv(l) (sim_vs_live/calibration.py)
+                extra = {k: res.prfaas[k] for k in ("prefill_s", "kv_bytes", "kv_wire_bytes")
+                         if isinstance(res.prfaas.get(k), (int, float))}
                 points.append({"route": res.first_route, "length_tokens": int(n),
                                "ttft_s": round(float(res.ttft_s), 6),
-                               **({"prefill_s": prefill} if prefill is not None else {})})
+                               **{k: round(float(v), 6) if k == "prefill_s" else int(v)
+                                  for k, v in extra.items()}})
             time.sleep(PAUSE_S)
     return points
 

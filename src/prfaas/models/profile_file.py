@@ -10,7 +10,8 @@ Format (YAML):
     prefill: {points: [{length_tokens, time_s}, ...]}      # >= 3 points, quadratic fit
     kv: {points: [{length_tokens, bytes}, ...]}            # >= 2 points, linear fit
     decode: {bs_max, step_points: [{batch, step_s}, ...]}  # optional
-    idle_ttft: {how, points: [{route, length_tokens, ttft_s, prefill_s?}, ...]}  # optional:
+    idle_ttft: {how, points: [{route, length_tokens, ttft_s, prefill_s?, kv_bytes?,
+                          kv_wire_bytes?}, ...]}  # optional:
                                    # a deployment's idle TTFT per route (experiments/idle_routes.py)
     core_sharing: {how, factor, points: [...]}  # optional: each of two concurrent prefills on
                                    # instances pinned to one core takes `factor` x its time
@@ -94,7 +95,8 @@ def idle_ttft_points(path: str | Path) -> list[dict[str, Any]]:
         try:
             out.append({"route": str(p["route"]), "length_tokens": int(p["length_tokens"]),
                         "ttft_s": float(p["ttft_s"]),
-                        **({"prefill_s": float(p["prefill_s"])} if "prefill_s" in p else {})})
+                        **({"prefill_s": float(p["prefill_s"])} if "prefill_s" in p else {}),
+                        **{k: int(p[k]) for k in ("kv_bytes", "kv_wire_bytes") if k in p}})
         except (KeyError, TypeError, ValueError):
             raise ConfigError(f"{path}.idle_ttft.points", p,
                               "each point needs route, length_tokens and ttft_s") from None

@@ -85,6 +85,15 @@ class EngineBackend(ABC):
         """The router's tokenizer (encode(text) -> ids, decode(ids) -> text, eos_id)."""
         return ByteTokenizer()
 
+    def tokenizer_folder(self, out_dir: Path) -> Path:
+        """Write the served model's tokenizer as a Hugging Face folder (tokenizer.json,
+        tokenizer_config.json) that benchmark clients load to count as the router does;
+        returns the folder. prfaas' engine: its byte tokenizer (models/hf_tokenizer.py)."""
+        from prfaas.models.hf_tokenizer import write_byte_tokenizer
+
+        card = self.card()
+        return write_byte_tokenizer(out_dir, card.name, card.max_context_tokens)
+
     def prefill_models(self) -> dict[str, PrefillTime]:
         """Known prefill cost models by worker name (the router's prior); none: it learns a
         seconds-per-token rate from the workers' reports (router/cluster.py)."""

@@ -5,6 +5,7 @@ served model's own tokenizer. Nothing here imports vLLM, transformers or torch."
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -100,6 +101,21 @@ class VllmEngineBackend(EngineBackend):
 
     def prepare(self) -> None:
         prepare(self.topology)
+
+    def tokenizer_folder(self, out_dir: Path) -> Path:
+        """The model directory's tokenizer files (the ones the vLLM instances and the router
+        load), copied; the model is built first if missing."""
+        prepare(self.topology)
+        src = Path(settings(self.topology).model_dir)
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+        for name in names:
+            if (src / name).is_file():
+                shutil.copyfile(src / name, out / name)
+        if not (out / "tokenizer.json").is_file():
+            raise ConfigError("vllm.model.dir", str(src), "has no tokenizer.json")
+        return out
 
     def launch_topology(self, local_workers: frozenset[str], run_dir: Path) -> Topology:
         """With KV events beside TLS and no `vllm.events_dir`: a private folder for the event

@@ -5,8 +5,9 @@
 (aiohttp's run_app turns both into a graceful shutdown that runs every cleanup hook). With
 `security.tls` it loads its own certificate (a bad one: one line, exit 2), and a PrfaaS worker
 serves HTTPS that only the router's certificate opens (serve/worker/tls_server.py). The router reads
-its API key from PRFAAS_API_KEY (never from the topology file, which is written to disk), and
-runs on `router.cores` when the topology names them.
+its API key from PRFAAS_API_KEY (never from the topology file, which is written to disk), its
+per-request log's path from PRFAAS_REQUEST_LOG (router/request_log.py), and runs on
+`router.cores` when the topology names them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import ssl
 import sys
 from collections.abc import Callable
@@ -29,6 +31,8 @@ from prfaas.serve.cores import pin
 from prfaas.serve.engines import engine_backend
 from prfaas.serve.topology import load_topology
 from prfaas.serve.worker.tls_server import Refusals, serve_tls
+
+REQUEST_LOG_ENV = "PRFAAS_REQUEST_LOG"
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,8 @@ def build_app(topology_path: str, name: str) -> Served:
         pin(topo.router_cores, "router.cores")  # every thread, and those it starts later
 
         router = RouterService(topo, tls=ident.client_context() if ident else None,
-                               api_key=api_key_from_env(), engine=backend)
+                               api_key=api_key_from_env(), engine=backend,
+                               request_log=os.environ.get(REQUEST_LOG_ENV) or None)
         return Served(router.app(), topo.router_host, topo.router_port)
     spec = topo.worker(name)
     # the engine (torch) loads here, in a worker process only; a backend whose workers are

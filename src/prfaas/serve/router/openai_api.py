@@ -62,12 +62,19 @@ class GenRequest:
     prompt_text: str = ""  # the prompt as text (echo)
     n: int = 1
     best_of: int = 1  # sequences generated (>= n); the n with the highest logprob are returned
-    include_usage: bool = False
+    # the client sent `seed`: only then is it passed on. Without one prfaas' workers draw with
+    # seed 0 (their default) and vLLM unseeded, as its own server does (a seeded vLLM-CPU
+    # request whose prefill is chunked crashes its engine: docs/clients.md)
+    seed_given: bool = False
+    include_usage: bool = False  # a closing usage chunk (stream_options.include_usage)
+    continuous_usage: bool = False  # usage in every chunk (stream_options.continuous_usage_stats)
 
     def sampling(self) -> dict[str, Any]:
         """The /generate `sampling` dict (the decode worker reads it)."""
         out: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p,
-                               "seed": self.seed, "ignore_eos": self.ignore_eos}
+                               "ignore_eos": self.ignore_eos}
+        if self.seed_given:
+            out["seed"] = self.seed
         extra: dict[str, Any] = {
             "top_k": self.top_k, "min_p": self.min_p, "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
@@ -110,6 +117,45 @@ def chat_prompt(messages: object) -> str:
     return "".join(parts) + "<|assistant|>\n"
 
 
+def _check_model(body: dict[str, Any], model_name: str, required: bool = True) -> None:
+    model = body.get("model")
+    if model is None and not required:
+        return
+    if model != model_name:
+        raise ApiError(400, f"model {model!r} does not exist; this server serves "
+                            f"{model_name!r} (its tokenizer folder: `prfaas tokenizer --out "
+                            "DIR`)", param="model", code="model_not_found")
+
+
+def tokenize(body: dict[str, Any], model_name: str, tokenizer: ByteTokenizer) -> list[int]:
+    """`/tokenize` (vLLM's): the ids a completions `prompt` or chat `messages` count as."""
+    _check_model(body, model_name, required=False)
+    allowed = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ApiError(400, f"unknown parameter '{unknown[0]}'", param=unknown[0])
+    if body.get("add_special_tokens", True) is not True or body.get(
+            "add_generation_prompt", True) is not True:
+        raise ApiError(400, "only the router's own counting is offered: add_special_tokens "
+                            "and add_generation_prompt true", param="add_special_tokens")
+    if "messages" in body:
+        return tokenizer.encode(chat_prompt(body["messages"]))
+    if not isinstance(body.get("prompt"), str):
+        raise ApiError(400, "'prompt' (a string) or 'messages' is required", param="prompt")
+    return tokenizer.encode(body["prompt"])
+
+
+def detokenize(body: dict[str, Any], model_name: str, tokenizer: ByteTokenizer) -> str:
+    _check_model(body, model_name, required=False)
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < tokenizer.vocab_size
+            for t in ids):
+        raise ApiError(400, f"'tokens' must be a list of token ids in [0, "
+                            f"{tokenizer.vocab_size})", param="tokens")
+    return tokenizer.decode(ids)
+
+
 def _prompt_ids(body: dict[str, Any], tokenizer: ByteTokenizer) -> list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -120,8 +166,10 @@ def _prompt_ids(body: dict[str, Any], tokenizer: ByteTokenizer) -> list[int]:
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         bad = [t for t in prompt if not 0 <= t < tokenizer.vocab_size]
         if bad:
-            raise ApiError(400, f"prompt token ids {bad[:5]} outside [0, {tokenizer.vocab_size})",
-                           param="prompt")
+            raise ApiError(400, f"prompt token ids {bad[:5]} outside [0, {tokenizer.vocab_size})"
+                                ": they come from another tokenizer than this model's "
+                                "(`prfaas tokenizer --out DIR` writes it)", param="prompt",
+                           code="token_id_out_of_vocab")
         return list(prompt)
     if prompt is None:
         raise ApiError(400, "'prompt' is required", param="prompt", code="missing_prompt")
@@ -139,10 +187,8 @@ def parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: int
 
 def _parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: int,
            tokenizer: ByteTokenizer) -> GenRequest:
-    model = body.get("model")
-    if model != model_name:
-        raise ApiError(400, f"model {model!r} does not exist; this server serves {model_name!r}",
-                       param="model", code="model_not_found")
+    _check_model(body, model_name)
+    model = model_name
     op.check_keys(body, "chat" if chat else "completions")
     ids = tokenizer.encode(chat_prompt(body.get("messages"))) if chat else _prompt_ids(
         body, tokenizer)
@@ -171,6 +217,7 @@ def _parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: in
         raise ParamError("best_of", "'best_of' > n cannot be streamed")
     min_tokens = op.integer(body, "min_tokens", 0, 0, max_tokens)
     vocab = tokenizer.vocab_size
+    usage, continuous = op.stream_usage(body)
     return GenRequest(
         chat, model, ids, max_tokens, op.number(body, "temperature", 1.0, 0.0, 2.0),
         op.number(body, "top_p", 1.0, 1e-9, 1.0), seed, stream,
@@ -183,4 +230,5 @@ def _parse(body: dict[str, Any], chat: bool, model_name: str, context_tokens: in
         stop_token_ids=op.token_ids(body, "stop_token_ids", vocab),
         logprobs=op.logprobs(body, chat), echo=echo,
         prompt_text=tokenizer.decode(ids) if echo else "", n=n, best_of=best_of,
-        include_usage=op.include_usage(body))
+        include_usage=usage, continuous_usage=continuous,
+        seed_given=body.get("seed") is not None)

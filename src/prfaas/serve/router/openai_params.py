@@ -154,18 +154,36 @@ def logprobs(body: dict[str, Any], chat: bool) -> int | None:
     return (max(k, 0)) if want else None
 
 
-def include_usage(body: dict[str, Any]) -> bool:
+def stream_usage(body: dict[str, Any]) -> tuple[bool, bool]:
+    """`stream_options` as vLLM's server reads it: (usage in a closing chunk, usage in every
+    chunk). `continuous_usage_stats` (vLLM's extension, which guidellm always sends) reports
+    the tokens so far in every chunk; like vLLM it needs `include_usage`, and here asking
+    for it without `include_usage` is a 400 rather than silently nothing.
+    `include_obfuscation` (OpenAI's) is accepted only as false: nothing is obfuscated."""
     opts = body.get("stream_options")
     if opts is None:
-        return False
-    if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"}:
-        raise ParamError("stream_options", f"'stream_options'={_short(opts)}: only "
-                                           "include_usage is supported")
-    if opts.get("continuous_usage_stats"):
-        raise ParamError("stream_options", "'continuous_usage_stats' is not supported")
+        return False, False
+    known = {"include_usage", "continuous_usage_stats", "include_obfuscation"}
+    if not isinstance(opts, dict):
+        raise ParamError("stream_options", f"'stream_options'={_short(opts)} must be an object")
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise ParamError("stream_options", f"'stream_options.{unknown[0]}' is not supported "
+                                           f"(known: {', '.join(sorted(known))})")
+    for key in ("include_usage", "continuous_usage_stats", "include_obfuscation"):
+        if opts.get(key) is not None and not isinstance(opts[key], bool):
+            raise ParamError("stream_options", f"'stream_options.{key}'={_short(opts[key])} "
+                                               "must be a boolean")
+    if opts.get("include_obfuscation"):
+        raise ParamError("stream_options", "'stream_options.include_obfuscation'=True is not "
+                                           "supported by this server")
     if not body.get("stream"):
         raise ParamError("stream_options", "'stream_options' needs 'stream': true")
-    return bool(opts.get("include_usage"))
+    usage, continuous = bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats"))
+    if continuous and not usage:
+        raise ParamError("stream_options", "'stream_options.continuous_usage_stats' needs "
+                                           "'include_usage': true (as vLLM)")
+    return usage, continuous
 
 
 def _short(value: object) -> str:

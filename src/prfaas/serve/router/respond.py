@@ -45,16 +45,26 @@ class Reply:
         if not (text or entries or first):
             return []
         self._started.add(seq)
-        return [self.chunk(self._delta(choice, text, entries, None, first))]
+        return [self._usage_on(self.chunk(self._delta(choice, text, entries, None, first)),
+                               choice)]
 
     def finish(self) -> list[dict[str, Any]]:
         chunks = []
         for choice in self.choices:
             text, entries = choice.finish(self.req.max_tokens)
             first = choice.index not in self._started
-            chunks.append(self.chunk(self._delta(choice, text, entries, choice.finish_reason,
-                                                 first)))
+            chunks.append(self._usage_on(self.chunk(self._delta(
+                choice, text, entries, choice.finish_reason, first)), choice))
         return chunks
+
+    def _usage_on(self, chunk: dict[str, Any], choice: Choice) -> dict[str, Any]:
+        """`continuous_usage_stats`: the chunk carries the prompt's tokens and its choice's
+        tokens so far (vLLM's per-chunk usage: no cached-token details)."""
+        if self.req.continuous_usage:
+            n_in = len(self.req.token_ids)
+            chunk["usage"] = {"prompt_tokens": n_in, "completion_tokens": choice.num_tokens,
+                              "total_tokens": n_in + choice.num_tokens}
+        return chunk
 
     def chunk(self, choice: dict[str, Any] | None) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.req.chat else "text_completion"

@@ -1,7 +1,8 @@
 """The router: an OpenAI-compatible aiohttp service in front of the workers.
 
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (SSE when `stream`),
-`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text). It tokenizes with the
+`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), `POST /tokenize` and
+`POST /detokenize` (vLLM's, with the router's tokenizer). It tokenizes with the
 engine backend's tokenizer (serve/engines.py: no torch here), routes with a `policy/` Router
 and the `cache/` GlobalKVCacheManager (kept current by the cache deltas workers return), and
 drives the workers (dispatch.py). Every
@@ -32,8 +33,16 @@ from prfaas.serve.router.cluster import LiveCluster
 from prfaas.serve.router.dispatch import Dispatcher, Outcome
 from prfaas.serve.router.membership import Membership
 from prfaas.serve.router.metrics import RouterMetrics
-from prfaas.serve.router.openai_api import ApiError, GenRequest, load_json, parse
+from prfaas.serve.router.openai_api import (
+    ApiError,
+    GenRequest,
+    detokenize,
+    load_json,
+    parse,
+    tokenize,
+)
 from prfaas.serve.router.plan import live_codec, live_plan_inputs
+from prfaas.serve.router.request_log import Entry, RequestLog, has_text
 from prfaas.serve.router.respond import Reply, feed, prompt_logprobs
 from prfaas.serve.topology import Topology
 
@@ -50,11 +59,13 @@ def build_policy(topology: Topology) -> Router:
 class RouterService:
     def __init__(self, topology: Topology, policy: Router | None = None, *,
                  tls: ssl.SSLContext | None = None, api_key: str | None = None,
-                 engine: EngineBackend | None = None) -> None:
+                 engine: EngineBackend | None = None, request_log: str | None = None) -> None:
         """`tls`: the router's client context for the PrfaaS workers' HTTPS (mutual TLS);
         `api_key`: clients must send it as a Bearer token (security/apikey.py); `engine`:
         the topology's engine backend (default: the one its `engine:` names, serve/engines.py),
-        which gives the model card, the tokenizer and the protocol the workers speak."""
+        which gives the model card, the tokenizer and the protocol the workers speak;
+        `request_log`: a JSON Lines file the router appends one line per request to
+        (router/request_log.py)."""
         engine = engine or engine_backend(topology)
         self.topology, self.engine = topology, engine
         self.config = engine.card()
@@ -77,6 +88,7 @@ class RouterService:
         self.active = 0  # requests accepted and not finished (admission.max_inflight)
         self._session: aiohttp.ClientSession | None = None
         self._dispatcher: Dispatcher | None = None
+        self.request_log = RequestLog(request_log) if request_log else None
 
     def app(self) -> web.Application:
         middlewares = []
@@ -89,6 +101,7 @@ class RouterService:
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat),
             web.get("/v1/models", self.models), web.get("/health", self.health),
+            web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize),
             web.post("/link", self.link_telemetry),
             web.get("/metrics", self.prometheus),
         ])
@@ -120,6 +133,8 @@ class RouterService:
         self.membership.start()
 
     async def _stop(self, _: web.Application) -> None:
+        if self.request_log is not None:
+            self.request_log.close()
         await self.membership.stop()
         if self.cache_events is not None:
             await self.cache_events.stop()
@@ -151,6 +166,27 @@ class RouterService:
         return web.json_response({"object": "list", "data": [
             {"id": self.config.name, "object": "model", "created": 0, "owned_by": "prfaas",
              "max_model_len": self.config.max_context_tokens}]})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's `/tokenize`: `{model, prompt}` or `{model, messages}` -> `{count,
+        max_model_len, tokens}`, the ids the router counts for that completion or chat request
+        (a client checks its tokenizer against the server's with it; docs/clients.md)."""
+        try:
+            body = load_json(await request.read())
+            ids = tokenize(body, self.config.name, self.tokenizer)
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        return web.json_response({"count": len(ids), "max_model_len":
+                                  self.config.max_context_tokens, "tokens": ids})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's `/detokenize`: `{model, tokens}` -> `{prompt}`."""
+        try:
+            body = load_json(await request.read())
+            text = detokenize(body, self.config.name, self.tokenizer)
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        return web.json_response({"prompt": text})
 
     async def prometheus(self, _: web.Request) -> web.Response:
         return web.Response(text=self.metrics.render(self._refresh_gauges),
@@ -184,6 +220,7 @@ class RouterService:
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         t0 = time.perf_counter()
         out = Outcome()
+        log = Entry.start(request, chat)
         try:
             admission = self.topology.admission
             if self.active >= admission.max_inflight:
@@ -199,18 +236,25 @@ class RouterService:
             out.router_cached_tokens = dict(query.cached_tokens)
         except ApiError as exc:
             self.metrics.errors.inc(status=str(exc.status))
+            self._log(log.refused(exc, time.perf_counter() - t0))
             return web.json_response(exc.body(), status=exc.status, headers=exc.headers())
         out.router_s += time.perf_counter() - t0
         self.active += 1
+        log.accepted(rid, req)
         try:
             if req.stream:
-                return await self._stream(request, req, rid, query, decision, out, t0)
-            return await self._whole(req, rid, query, decision, out, t0)
+                return await self._stream(request, req, rid, query, decision, out, t0, log)
+            return await self._whole(req, rid, query, decision, out, t0, log)
         finally:
             self.active -= 1
+            self._log(log)
+
+    def _log(self, entry: Entry) -> None:
+        if self.request_log is not None:
+            self.request_log.write(entry)
 
     async def _whole(self, req: GenRequest, rid: str, query: Any, decision: Any, out: Outcome,
-                     t0: float) -> web.Response:
+                     t0: float, log: Entry) -> web.Response:
         assert self._dispatcher is not None
         reply, first_s = Reply(req, rid), None
         try:  # aclosing: an error in `feed` still runs the attempt's cleanup now
@@ -225,30 +269,39 @@ class RouterService:
             body = reply.whole(reply.usage(out.cached_tokens), prompt_logprobs(req, out))
         except ApiError as exc:
             self._count(out, "error", t0, first_s, reply)
+            log.finished(exc.status, out, reply, first_s, None, time.perf_counter() - t0, exc)
             return web.json_response({**exc.body(), "prfaas": out.to_json()}, status=exc.status)
         self._count(out, "ok", t0, first_s, reply)
-        body["prfaas"] = {**out.to_json(), "ttft_s": first_s, "e2e_s": time.perf_counter() - t0}
+        e2e_s = time.perf_counter() - t0
+        log.finished(200, out, reply, first_s, None, e2e_s)
+        body["prfaas"] = {**out.to_json(), "ttft_s": first_s, "e2e_s": e2e_s}
         return web.json_response(body)
 
     async def _stream(self, request: web.Request, req: GenRequest, rid: str, query: Any,
-                      decision: Any, out: Outcome, t0: float) -> web.StreamResponse:
+                      decision: Any, out: Outcome, t0: float, log: Entry
+                      ) -> web.StreamResponse:
         assert self._dispatcher is not None
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         reply, first_s = Reply(req, rid), None
+        text_s: float | None = None  # the first chunk with text written (clients' TTFT)
         try:  # aclosing: a bad event or a client gone still runs the attempt's cleanup now
             async with contextlib.aclosing(self._dispatcher.tokens(req, query, decision,
                                                                    out)) as events:
                 async for event in events:
                     mark = time.perf_counter()
                     first_s = first_s if first_s is not None else mark - t0
-                    chunks = [_sse(c) for c in feed(reply, event)]
+                    bodies = feed(reply, event)
+                    chunks = [_sse(c) for c in bodies]
                     out.router_s += time.perf_counter() - mark
+                    if text_s is None and any(has_text(c) for c in bodies):
+                        text_s = time.perf_counter() - t0
                     for chunk in chunks:
                         await resp.write(chunk)
         except ApiError as exc:
             self._count(out, "error", t0, first_s, reply)
+            log.finished(exc.status, out, reply, first_s, text_s, time.perf_counter() - t0, exc)
             await resp.write(_sse({**exc.body(), "prfaas": out.to_json()}))
             await resp.write(b"data: [DONE]\n\n")
             return resp
@@ -256,8 +309,11 @@ class RouterService:
         self._count(out, "ok", t0, first_s, reply)
         if req.include_usage:
             closing.append({**reply.chunk(None), "usage": reply.usage(out.cached_tokens)})
-        closing[-1]["prfaas"] = {**out.to_json(), "ttft_s": first_s,
-                                 "e2e_s": time.perf_counter() - t0}
+        e2e_s = time.perf_counter() - t0
+        if text_s is None and any(has_text(c) for c in closing):
+            text_s = e2e_s
+        log.finished(200, out, reply, first_s, text_s, e2e_s)
+        closing[-1]["prfaas"] = {**out.to_json(), "ttft_s": first_s, "e2e_s": e2e_s}
         for body in closing:
             await resp.write(_sse(body))
         await resp.write(b"data: [DONE]\n\n")
