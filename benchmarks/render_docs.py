@@ -1,4 +1,4 @@
-"""Render every benchmark figure in README.md and docs/*.md from benchmarks/results/.
+"""Render every benchmark figure in README.md and docs/**/*.md from benchmarks/results/.
 
 One script owns the figures the docs cite; `tests/docs/test_docs_from_data.py` re-renders each
 committed doc in memory and fails when one differs from what the JSON says.
@@ -281,13 +281,13 @@ def count_markers(text: str) -> int:
 
 def docs(repo: Path = REPO) -> Iterator[Path]:
     yield repo / "README.md"
-    yield from sorted((repo / "docs").glob("*.md"))
+    yield from sorted((repo / "docs").rglob("*.md"))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="report differences, write nothing")
-    ap.add_argument("paths", nargs="*", type=Path, help="docs (default README.md, docs/*.md)")
+    ap.add_argument("paths", nargs="*", type=Path, help="docs (default README.md, docs/**/*.md)")
     args = ap.parse_args(argv)
     bad = 0
     for path in args.paths or list(docs()):

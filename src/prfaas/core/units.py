@@ -12,11 +12,9 @@ from prfaas.core.errors import ConfigError
 
 KIB = 1024
 MIB = 1024**2
-GIB = 1024**3
 BITS_PER_BYTE = 8
 
 _LENGTH_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
-_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
 
 
 def parse_length(text: str | int, field: str = "length") -> int:
@@ -44,22 +42,6 @@ def parse_lengths(text: str, field: str = "lengths") -> list[int]:
     if not parts:
         raise ConfigError(field, text, "expected a comma-separated list like 1K,8K,32K")
     return [parse_length(p, field) for p in parts]
-
-
-def parse_bytes(text: str | int | float, field: str = "bytes") -> int:
-    """Parse a byte size: `64MiB`, `2GB` (decimal), `1.5GiB`, or a plain integer."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        value = float(text)
-    else:
-        match = _BYTES_RE.match(str(text))
-        if not match:
-            raise ConfigError(field, text, "expected a size like 1073741824, 64MiB or 2GB")
-        number, prefix, binary = float(match.group(1)), match.group(2).upper(), match.group(3)
-        powers = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[prefix]
-        value = number * ((1024 if binary else 1000) ** powers)
-    if value <= 0:
-        raise ConfigError(field, text, "must be positive")
-    return int(value)
 
 
 def format_tokens(tokens: float) -> str:

@@ -31,13 +31,6 @@ class TokenHistory:
             self.output_counts[token] += 1.0
         self.num_output += 1
 
-    def fork(self) -> TokenHistory:
-        other = TokenHistory([], self.prompt_mask.shape[0])
-        other.prompt_mask = self.prompt_mask.clone()
-        other.output_counts = self.output_counts.clone()
-        other.num_output = self.num_output
-        return other
-
 
 def apply_penalties(logits: torch.Tensor, history: TokenHistory,
                     params: SamplingParams) -> torch.Tensor:

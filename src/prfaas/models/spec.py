@@ -79,13 +79,6 @@ class ModelSpec:
     def num_full_attention_layers(self) -> int:
         return sum(g.count for g in self.layers if g.is_full_attention)
 
-    def with_dtype(self, dtype: str) -> ModelSpec:
-        _check_dtype("dtype", dtype)
-        return ModelSpec(
-            self.name, self.layers, dtype, self.state_dtype, self.aliases,
-            self.params_total_b, self.params_active_b, self.source, self.notes, self.extra,
-        )
-
 
 _SPEC_KEYS = {
     "name", "layers", "dtype", "state_dtype", "aliases", "params_total_b",

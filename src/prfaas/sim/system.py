@@ -27,6 +27,7 @@ from prfaas.models.kv_release import KvRelease
 from prfaas.models.profile import DecodeTime, KVSize, PrefillTime
 from prfaas.models.profile_file import check_core_share_factor
 from prfaas.scenario import LINK_ORDERS, Scenario
+from prfaas.sim.instances import PREFILL_ORDERS
 from prfaas.sim.link import LinkSchedule
 
 if TYPE_CHECKING:
@@ -179,8 +180,8 @@ def _validate(cfg: SystemConfig, pd_total: int) -> None:
                               f"the PD pool of {cfg.system} has {pd_total} instances")
     if cfg.threshold_tokens is not None and cfg.threshold_tokens < 0:
         raise ConfigError("threshold_tokens", cfg.threshold_tokens, "must be >= 0")
-    if cfg.prefill_order not in ("fifo", "sjf"):
-        raise UnknownNameError("prefill_order", cfg.prefill_order, ["fifo", "sjf"])
+    if cfg.prefill_order not in PREFILL_ORDERS:
+        raise UnknownNameError("prefill_order", cfg.prefill_order, list(PREFILL_ORDERS))
     if cfg.link_order not in LINK_ORDERS:
         raise UnknownNameError("link.order", cfg.link_order, list(LINK_ORDERS))
     if cfg.max_queued_per_prefill is not None and cfg.max_queued_per_prefill < 1:

@@ -60,17 +60,6 @@ class Channel:
     async def sendall(self, data: bytes | memoryview) -> None:
         await asyncio.get_running_loop().sock_sendall(self.sock, data)
 
-    async def send_frame(self, header: bytes, payload: bytes | memoryview) -> None:
-        """Header and payload in one sendmsg (no concatenation copy); the rest via the loop."""
-        sent = 0
-        with contextlib.suppress(BlockingIOError, InterruptedError):
-            sent = self.sock.sendmsg([header, payload])
-        if sent < len(header):
-            await self.sendall(memoryview(header)[sent:])
-            sent = len(header)
-        if sent - len(header) < len(payload):
-            await self.sendall(memoryview(payload)[sent - len(header):])
-
     def close(self) -> None:
         self.closed = True
         self.sock.close()
@@ -228,9 +217,6 @@ class TlsChannel(Channel):
                 await self._ready(select.POLLOUT)
             except ssl.SSLWantReadError:
                 await self._ready(select.POLLIN)
-
-    async def send_frame(self, header: bytes, payload: bytes | memoryview) -> None:
-        await self.sendall(header + bytes(payload))  # small frames only: one record
 
     # --- worker-thread side ---
 

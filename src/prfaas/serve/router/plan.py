@@ -27,7 +27,6 @@ from prfaas.serve.router.cluster import UNSHAPED_GBPS
 from prfaas.serve.topology import Topology
 from prfaas.workload.lengths import empirical
 
-DEFAULT_PROFILE = "cpu-tiny"
 PLACEHOLDER_OUTPUT_TOKENS = 16  # Eq. 7 (the controller's solve) does not use output length
 
 

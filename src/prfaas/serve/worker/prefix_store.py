@@ -114,9 +114,6 @@ class PrefixStore:
     def num_entries(self) -> int:
         return len(self._entries)
 
-    def all_hashes(self) -> list[int]:
-        return list(self._index)
-
 
 def has_state_at(kv: SequenceKV, num_tokens: int) -> bool:
     """Whether every layer of `kv` can continue from `num_tokens` (a linear layer needs its
