@@ -296,14 +296,18 @@ def test_at_aligned_lengths_the_transfer_is_exact_and_a_wrong_state_is_not(
 # (1024k + 1), where the bf16 transfer is bit-exact against the single instance (the test above),
 # and on the first transfer's greedy run only (up to and including its first divergence; a
 # forced re-send would not keep the aligned length): so the error is fp8's alone, with no
-# chunking noise in it, on every host. Prompts are held-out stdlib docstrings, where the trained
-# model's next-token distributions are peaked. The bound is stated, not fitted to this test:
-# FP8_MARGIN x the largest fp8 error the benchmark measured on this model against the same P/D
-# path with bf16 on the wire (bench_vllm_wire_quality.py -> vllm_wire_quality.json). Negative
-# controls, each on its own unseen prompt: int4 with one scale per tensor at the receiver, and fp8
-# decoded with twice its scales (`fp8_wrong_scale`): each must exceed the bound.
+# chunking noise in it, on every host. Prompts are held-out stdlib docstrings.
+# - Upper bound: FP8_MARGIN x the largest fp8 error the benchmark measured on this model against
+#   the same P/D path with bf16 on the wire (bench_vllm_wire_quality.py -> vllm_wire_quality.json).
+#   That maximum sits at near-tie positions where fp8 flips the greedy token, so the bound is
+#   loose: it says fp8 stays within what was measured, not that a coarser quantizer would fail it.
+# - The negative control, paired: the same prompts with fp8 decoded at twice its scales
+#   (`fp8_wrong_scale`) must come out worse than the genuine fp8 on each prompt (equal errors
+#   would mean the fault, or fp8 itself, changed nothing). int4 with one scale per tensor is
+#   measured and printed, not asserted: on these tiny vLLM models the benchmark found it no
+#   worse than fp8 (docs/wire-format.md), so it is no control here.
 FP8_MARGIN = 2.0
-FP8_SEEDS = {"genuine": 61, "int4_kv": 62, "fp8_wrong_scale": 63}
+FP8_SEED = 61
 QUALITY = ROOT / "benchmarks" / "results" / "vllm_wire_quality.json"
 
 
@@ -313,14 +317,14 @@ def _measured_fp8_max() -> float:
     return float(run["variants"]["fp8_e4m3"]["teacher_logprob_abs_err"]["max"])
 
 
-def test_fp8_on_the_wire_stays_within_its_measured_error_and_its_controls_do_not(
+def test_fp8_on_the_wire_stays_within_its_measured_error_and_a_wrong_scale_does_not(
         live: dict) -> None:
     from prfaas.integrations.vllm.profile import connector_kv_bytes
     from prfaas.integrations.vllm.served_model import ServedModel
 
     fp8 = {"wire_dtype": "fp8_e4m3"}
     bound = FP8_MARGIN * _measured_fp8_max()
-    genuine = text_prompts(live["model"], [2049, 1025], seed=FP8_SEEDS["genuine"])
+    genuine = text_prompts(live["model"], [2049, 1025], seed=FP8_SEED)
     rows = [error(live, p, send=fp8, segments=1) for p in genuine]
     tid = live["tids"][-2]  # the 2049-token prompt's transfer (one request per prompt)
     events = [e for e in trace(live["traces"], "pdd-0") if e["tid"] == tid]
@@ -331,20 +335,18 @@ def test_fp8_on_the_wire_stays_within_its_measured_error_and_its_controls_do_not
     assert done["error"] is None
     assert done["bytes"] == connector_kv_bytes(model, len(genuine[0]), "fp8_e4m3")
     assert done["bytes"] < connector_kv_bytes(model, len(genuine[0]))
-    controls = {}
-    for fault in ("int4_kv", "fp8_wrong_scale"):
-        [prompt] = text_prompts(live["model"], [2049], seed=FP8_SEEDS[fault])
-        send = fp8 if fault == "fp8_wrong_scale" else None  # int4: bf16 on the wire, then int4
-        controls[fault] = error(live, prompt, fault, stop_above=bound, send=send, segments=1)[1]
-    worst = max(r[1] for r in rows)
+    wrong = [error(live, p, "fp8_wrong_scale", send=fp8, segments=1) for p in genuine]
+    int4 = [error(live, p, "int4_kv", segments=1) for p in genuine]  # bf16 sent, int4 received
     print(f"\nfp8 on the wire, aligned: first-token |dlogprob| {[f'{r[0]:.2e}' for r in rows]}, "
-          f"worst {worst:.2e}; controls {({k: f'{v:.2e}' for k, v in controls.items()})}; "
-          f"bound {bound:.2e} ({FP8_MARGIN:g} x the benchmark's fp8 max)")
-    live["errors"]["fp8 wire (aligned)"] = worst
+          f"worst {[f'{r[1]:.2e}' for r in rows]}; fp8 at twice its scales "
+          f"{[f'{r[1]:.2e}' for r in wrong]}; int4 per tensor (not asserted) "
+          f"{[f'{r[1]:.2e}' for r in int4]}; bound {bound:.2e} ({FP8_MARGIN:g} x the "
+          f"benchmark's fp8 max)")
+    live["errors"]["fp8 wire (aligned)"] = max(r[1] for r in rows)
     assert all(r[0] > 0.0 for r in rows), rows  # fp8 did change the KV (bf16 here: exactly 0)
-    assert worst < bound
-    for fault, err in controls.items():
-        assert err > bound, (fault, err, bound)  # a coarser or wrong-scale quantizer fails it
+    assert max(r[1] for r in rows) < bound
+    for prompt, ok, bad in zip(genuine, rows, wrong, strict=True):
+        assert bad[1] > ok[1], (len(prompt), ok, bad)  # the wrong scale is worse on each prompt
 
 
 def _cpu_s(procs: list[Any]) -> float:
