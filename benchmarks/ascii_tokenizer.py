@@ -9,7 +9,7 @@ tokens (+ BOS). Run with the Python of the environment that has `vllm` (it bring
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -40,4 +40,7 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", help="folder to write the tokenizer into")
+    main(parser.parse_args().out_dir)

@@ -16,6 +16,7 @@ Run: .venv/bin/python benchmarks/bench_cache.py  -> benchmarks/results/cache.jso
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -224,4 +225,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -7,6 +7,7 @@ whether the JSON is equal. Writes benchmarks/results/capacity_ray.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -60,4 +61,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _, capacity_flags = parser.parse_known_args()  # the rest goes to `prfaas capacity`
+    main(capacity_flags)

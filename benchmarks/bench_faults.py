@@ -21,10 +21,10 @@ is the 30 ms or the machine's.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -184,11 +184,10 @@ def rtt_control() -> None:
     print(f"wrote {OUT_RTT_CONTROL}")
 
 
-def main() -> None:
-    if "--rtt-control" in sys.argv:
+def main(quick: bool = False, rtt_control_only: bool = False) -> None:
+    if rtt_control_only:
         rtt_control()
         return
-    quick = "--quick" in sys.argv
     scale = 0.3 if quick else 1.0
     faults = [Fault(f.kind, f.start_s * scale, f.duration_s * scale, f.factor,
                     max(f.period_s * scale, 1.0), f.delay_ms) for f in FAULTS]
@@ -214,4 +213,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="every duration x 0.3")
+    parser.add_argument("--rtt-control", action="store_true",
+                        help="only the RTT control (faults_rtt_control.json)")
+    args = parser.parse_args()
+    main(quick=args.quick, rtt_control_only=args.rtt_control)

@@ -6,6 +6,7 @@ warm-up (scenario loading, including building the 131K-point length pmf, is time
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import statistics
@@ -45,4 +46,6 @@ def main(repeats: int = 7) -> dict:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     print(json.dumps(main(), indent=2))

@@ -16,8 +16,8 @@ Run: .venv/bin/python benchmarks/bench_policies.py [--quick]
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -158,8 +158,7 @@ def _dip_figures(sim: Any, summary: dict[str, Any], t_opt: int) -> dict[str, Any
             "t_recovered_after_s": recovered_s, "threshold_history": history}
 
 
-def main() -> None:
-    quick = "--quick" in sys.argv
+def main(quick: bool = False) -> None:
     seeds = SEEDS[:1] if quick else SEEDS
     started = time.perf_counter()
     base = build_workload(load_scenario("mooncake-conversation").lengths, 343, rate_rps=None,
@@ -179,4 +178,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one seed, nothing written")
+    main(quick=parser.parse_args().quick)

@@ -19,6 +19,7 @@ Deterministic: no wall-clock figure but `wall_s`. A few minutes on one core.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import tempfile
@@ -249,9 +250,11 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] == ["--only", "growth_noise"]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=["growth_noise"],
+                        help="run and print only this section")
+    if parser.parse_args().only == "growth_noise":
         print(json.dumps(only_growth_noise()["growth_noise"], indent=2))
         raise SystemExit(0)
     out = main()

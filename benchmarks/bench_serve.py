@@ -11,6 +11,7 @@ Run: .venv/bin/python benchmarks/bench_serve.py [--quick]
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import platform
@@ -62,8 +63,7 @@ def run_policy(policy: str, duration_s: float) -> dict[str, Any]:
     return summary
 
 
-def main() -> int:
-    quick = "--quick" in sys.argv
+def main(quick: bool = False) -> int:
     duration_s = 20.0 if quick else DURATION_S
     topo = load_topology()
     runs = {policy: run_policy(policy, duration_s) for policy in POLICIES}
@@ -100,4 +100,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="20 s per policy")
+    sys.exit(main(quick=parser.parse_args().quick))

@@ -13,7 +13,7 @@ clock the PrfaasConnector's traces use. Cost: one file append per event, a few m
 
 With PRFAAS_NIXL_PROG_THREAD=0 (the benchmark's stack `nixl_noprog`) the one other change:
 the agent is created with `enable_prog_thread=False` (vLLM passes no value, so NIXL's default,
-True, starts a thread that polls UCX continuously; benchmarks/nixl_progress_thread.py). vLLM
+True, starts a thread that polls UCX continuously: docs/vllm.md, "Figures"). vLLM
 still checks its transfers every engine step (`check_xfer_state`, `get_new_notifs`).
 """
 

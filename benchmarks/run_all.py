@@ -4,6 +4,7 @@ several benchmarks compare ratios measured within one run."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
@@ -32,4 +33,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())
