@@ -11,25 +11,14 @@ from __future__ import annotations
 
 import argparse
 
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (what the ByteLevel pre-tokenizer uses)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(
-        range(0xAE, 0x100))
-    chars, extra = list(keep), 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(keep, chars, strict=True)}
+from prfaas.models.hf_tokenizer import byte_to_unicode
 
 
 def main(out_dir: str) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    mapping = bytes_to_unicode()
+    mapping = byte_to_unicode()
     vocab = {mapping[b]: i for i, b in enumerate([10, *range(32, 127)])}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
