@@ -859,3 +859,126 @@ def shape_changes(load: Loader) -> str:
                          "-" if restart is None else f"{restart:.1f}"])
     head = ["run", "at (s)", "instance", "role", "drain (s)", "restart (s)"]
     return "\n".join([_cells(head), "|" + "---|" * len(head), *map(_cells, rows)])
+
+LIVE_SEEDS = ("live/paper-case-study-seed0.json", "live/paper-case-study-seed1.json",
+              "live/paper-case-study-seed2.json")
+LIVE_CONTROL = "live/paper-case-study-slower-seed0.json"  # workers 5% slower than the profile
+
+
+def _lo(b: list[float | None]) -> str:
+    return "—" if b[0] is None else f"{b[0]:.2f}"
+
+
+def _ends(edges: dict[str, Any]) -> str:
+    """The margins (requests) of the verdicts at a bracket's two ends: `+a / -b of n`."""
+    cells = []
+    for key in ("sustained", "unsustained"):
+        e = edges.get(key)
+        cells.append("—" if not e else f"{e['margin_requests']:+.0f}")
+    n = max((e["requests"] for e in edges.values() if e), default=0)
+    return f"{' / '.join(cells)} of {n}"
+
+
+@table("live-capacity")
+def live_capacity(load: Loader) -> str:
+    """README headline and docs/emulated.md: `prfaas reproduce --live --quick` on the paper
+    case study, seeds 0, 1 and 2 (each a short search then its bracket judged again on long
+    probes), each system's capacity live and simulated on the same probe workloads, the margin
+    in requests of the verdicts at the live bracket's ends, and the negative control (seed 0,
+    the emulated workers 5% slower than the profile the router and simulator use)."""
+    runs = [load(f) for f in LIVE_SEEDS]
+    control = load(LIVE_CONTROL)
+    paper = load("reproduce.json")["reference"]
+
+    def per_seed(fn: Any) -> list[str]:
+        return [" / ".join(fn(r["systems"][n], r) for r in runs) for n in _SYSTEMS]
+
+    def ratio(s: dict[str, Any], r: dict[str, Any]) -> str:
+        return "—" if s is r["systems"]["homogeneous_pd"] else \
+            f"{r['live_ratios'][_name(r, s)]:.2f}x"
+
+    ctl = [control["systems"][n] for n in _SYSTEMS]
+    base = [runs[0]["systems"][n] for n in _SYSTEMS]
+    rows = [
+        ["paper Table 6 Λmax (req/s)", *(f"{paper[n]['lambda_max']:.2f}" for n in _SYSTEMS)],
+        ["simulator, 4000-request search", *(f"{s['sim_capacity_4000_rps']:.2f}"
+                                             for s in base)],
+        ["simulator, the live search (seeds 0 / 1 / 2)",
+         *per_seed(lambda s, r: _lo(s["sim_bracket_rps"]))],
+        ["**live, emulated** (seeds 0 / 1 / 2)",
+         *per_seed(lambda s, r: f"**{_lo(s['bracket_rps'])}**")],
+        ["live / simulator, same probes", *per_seed(
+            lambda s, r: "—" if s["live_over_sim"] is None else f"{s['live_over_sim']:.2f}")],
+        ["margin at the live bracket's ends, requests (seed 0)",
+         *(_ends(s["bracket_margins"]) for s in base)],
+        ["throughput ratio over homogeneous PD, live", *per_seed(ratio)],
+        ["**control**, workers 5% slower (seed 0): live (simulator)",
+         *(f"**{_lo(c['bracket_rps'])}** ({_lo(c['sim_bracket_rps'])})" for c in ctl)],
+    ]
+    head = ["| | PrfaaS-PD | homogeneous PD | naive heterogeneous |", "|---|---|---|---|"]
+    return "\n".join([*head, *map(_cells, rows)])
+
+
+def _name(run: dict[str, Any], system: dict[str, Any]) -> str:
+    return next(n for n, s in run["systems"].items() if s is system)
+
+
+def _br(b: list[float | None]) -> str:
+    lo, hi = ("—" if v is None else f"{v:.3f}" for v in b)
+    return f"[{lo}, {hi}]"
+
+
+@table("live-capacity-detail")
+def live_capacity_detail(load: Loader) -> str:
+    """docs/emulated.md: per seed and system, the short and the confirmed brackets live and
+    simulated, the margins at the confirmed live bracket's ends, and how often the simulator
+    gave the live verdict on the same long probe's workload (plus the control run)."""
+    lines = [_cells(["run", "system", "short bracket live / sim", "confirmed bracket live / sim",
+                     "live margins at the ends (requests)", "long probes: live, same verdict "
+                     "as the simulator", "max CPU share"]),
+             "|---|---|---|---|---|---|---|"]
+    label = {"prfaas_pd": "PrfaaS-PD", "homogeneous_pd": "homogeneous PD",
+             "naive_heterogeneous": "naive heterogeneous"}
+    for file in (*LIVE_SEEDS, LIVE_CONTROL):
+        run = load(file)
+        name = f"seed {run['seed']}" + (", workers 5% slower" if file == LIVE_CONTROL else "")
+        for n in _SYSTEMS:
+            s = run["systems"][n]
+            long = s["confirm_probes"]
+            same = sum(p["sustained"] == p["sim_same_workload"]["sustained"] for p in long)
+            lines.append(_cells([
+                name, label[n],
+                f"{_br(s['short_bracket_rps'])} / {_br(s['sim_short_bracket_rps'])}",
+                f"{_br(s['bracket_rps'])} / {_br(s['sim_bracket_rps'])}",
+                _ends(s["bracket_margins"]), f"{len(long)}, {same}",
+                f"{s['max_cpu_share']:.0%}"]))
+    return "\n".join(lines)
+
+
+@table("regions-budget")
+def regions_budget(load: Loader) -> str:
+    """docs/multi-region.md: bench_regions_live.py --only budget, per run and destination: its
+    budget, the picks it was held at, its link's bytes metered, its windows against the budget,
+    live and simulated on the same requests (regions_live.json, key `budget`)."""
+    data = load("regions_live.json")["budget"]
+    lines = [_cells(["run", "destination", "budget (Gbps)", "held: live / sim",
+                     "link bytes (GB): host end / gateway meter / KV reported",
+                     "10 s windows: max Gbps live / sim", "windows over the budget: live / sim",
+                     "TTFT P90 s: live / sim", "offload live / sim"]),
+             "|---|---|---|---|---|---|---|---|---|"]
+    label = {"budget": "near budgeted", "control_no_budget": "control, no budget"}
+    for key, run in data["runs"].items():
+        for dest, r in run["regions"].items():
+            lv, sm = r["live"], r["sim"]
+            gb = [x / 1e9 for x in (lv["link_bytes_host_end"], lv["link_bytes_gateway_meter"],
+                                    lv["kv_bytes_reported"])]
+            lines.append(_cells([
+                label.get(key, key), dest, f"{r['budget_gbps']:.1f}",
+                f"{lv['budget_held']:.0f} / {sm['budget_held']}",
+                " / ".join(f"{x:.1f}" for x in gb),
+                f"{lv['max_gbps']:.2f} / {sm['max_gbps']:.2f}",
+                f"{lv['over_budget_windows']} of {lv['windows']} / "
+                f"{sm['over_budget_windows']} of {sm['windows']}",
+                f"{lv['ttft_p90_s']:.1f} / {sm['ttft_p90_s']:.1f}",
+                f"{lv['offload_fraction']:.2f} / {sm['offload_fraction']:.2f}"]))
+    return "\n".join(lines)
