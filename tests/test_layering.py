@@ -2,10 +2,10 @@
 function): no room imports a room of a higher layer, no two rooms import each other through
 any chain (a cycle of rooms), and the router and worker programs import nothing of each other.
 
-Layers (README, Layout): core < models, workload, scenario < planner, cache, policy < sim,
-engine, transport, security < the application rooms (serve: the programs' shared contract;
-serve/router, serve/worker, serve/deploy; the engine backends emulated and integrations;
-experiments; bench) < cli. A new room must be placed here, or the test fails.
+Layers (docs/architecture.md, "The rooms"): core < models, workload, scenario < planner, cache,
+policy < sim, engine, transport, security < the application rooms (serve: the programs' shared
+contract; serve/router, serve/worker, serve/deploy; the engine backends emulated and
+integrations; experiments; bench) < cli. A new room must be placed here, or the test fails.
 
 `python tests/test_layering.py [SRC]` prints the violations of a tree (e.g. an older checkout).
 """
