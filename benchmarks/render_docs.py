@@ -14,9 +14,9 @@ An inline figure is the formatted value between two HTML comments, which GitHub 
 - Then an expression over that file: `$` is its root; `.key`, `["key with spaces"]`, `[0]`;
   `[*]` fans out over a list or a dict's values, `[i:j]` over part of a list. `+ - * /`,
   unary `-`, numbers and the functions `min max mean abs len round` combine values; arithmetic
-  on a fan-out works element by element, and `min`/`max`/`mean` reduce it. A ratio of two runs:
-  `<!-- fig sim_vs_live_loaded.json $.runs[1].live.ttft_s.mean / $.runs[1].sim.ttft_s.mean
-  fmt=.0f -->67<!-- /fig -->x`.
+  on a fan-out works element by element, and `min`/`max`/`mean` reduce it. A ratio of two
+  figures: `<!-- fig regions_live.json $.budget.runs.budget.regions.near.live.ttft_p90_s /
+  $.budget.runs.control_no_budget.regions.near.live.ttft_p90_s fmt=.1f -->3.2<!-- /fig -->x`.
 - `fmt=SPEC` (last word, optional) is a Python format spec: `.2f`, `,d`, `,.0f`, `.0%`, `+.1f`.
   Units and "x" stay outside the markers, in the prose.
 - `python benchmarks/render_docs.py` rewrites the text between the markers in place;
