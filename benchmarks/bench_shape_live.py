@@ -74,7 +74,7 @@ HOST = ("2 shared cores: the router, 5 emulated workers, their Ray actors and 3 
 
 def figures(out: Outcome, pw: Any) -> dict[str, Any]:
     return {"phases": phase_figures(pw, out.arrival_s, out.ready_s, out.finish_s, 1.0),
-            "lost": out.lost, "role_changes": out.role_changes}
+            "lost": out.lost, "shed": out.shed, "role_changes": out.role_changes}
 
 
 def main() -> int:
@@ -107,7 +107,7 @@ def main() -> int:
             tick(f"Ray cluster at {cluster.address}")
             for name, topo in (("fixed", fixed), ("controlled", controlled)):
                 live[name] = live_run(cluster.address, topo, pw, model, SEED, tick=tick)
-                tick(f"live {name}: lost {live[name].lost}, role changes "
+                tick(f"live {name}: lost {live[name].lost}, shed {live[name].shed}, role changes "
                      f"{[(c['at_s'], c['instance'], c['to']) for c in live[name].role_changes]}")
     result = report(pw, sim, live, args.quick)
     path = out_dir / "shape.json"
@@ -156,6 +156,7 @@ def report(pw: Any, sim: dict[str, Outcome], live: dict[str, Outcome], quick: bo
         "shape_config": asdict(SHAPE),
         "threshold_controller": CONTROLLER, "requests": len(pw.workload),
         "lost": lost,
+        "shed": {k: v.shed for k, v in live.items()},
         "role_changes": live_ctl.role_changes if live_ctl is not None else [],
         "sim_role_changes": sim["controlled"].role_changes,
         "phases": phases,

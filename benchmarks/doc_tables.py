@@ -728,6 +728,7 @@ def shape_changes(load: Loader) -> str:
     head = ["run", "at (s)", "instance", "role", "drain (s)", "restart (s)"]
     return "\n".join([_cells(head), "|" + "---|" * len(head), *map(_cells, rows)])
 
+
 LIVE_SEEDS = ("live/paper-case-study-seed0.json", "live/paper-case-study-seed1.json",
               "live/paper-case-study-seed2.json")
 LIVE_CONTROL = "live/paper-case-study-slower-seed0.json"  # workers 5% slower than the profile

@@ -143,7 +143,8 @@ class Outcome:
     ready_s: np.ndarray
     finish_s: np.ndarray
     role_changes: list[dict[str, Any]]
-    lost: int = 0  # accepted and not completed (live: failed replies)
+    lost: int = 0  # accepted and not completed (live: failed replies other than a 429)
+    shed: int = 0  # live: refused at admission (429, the router's queue limit), never accepted
     token_ids: list[list[int]] | None = None  # live: each reply's tokens
     nodes: list[tuple[str, str]] | None = None  # live: each reply's (prefill, decode) node
     extra: dict[str, Any] | None = None
@@ -254,7 +255,8 @@ def live_run(address: str, topology: Any, pw: PhasedWorkload, model: str, seed: 
                         "drain_s": h["drain_s"], "switch_s": h["switch_s"],
                         "restart_s": restart, "ok": h["ok"], "detail": h["detail"],
                         "ended_s": round(h["ended_s"] - router0, 3)})
-    lost = sum(1 for r in results if not r.ok)
+    shed = sum(1 for r in results if r.status == 429)
+    lost = sum(1 for r in results if not r.ok and r.status != 429)
     return Outcome(arrival, ready, finish, changes, lost,
                    [list(r.prfaas.get("token_ids", [])) for r in results],
                    [(str(r.prfaas.get("prefill_node", "")), str(r.prfaas.get("decode_node", "")))
@@ -265,7 +267,7 @@ def live_run(address: str, topology: Any, pw: PhasedWorkload, model: str, seed: 
                     "refusals": (shape or {}).get("controller", {}).get("refusals", []),
                     "outcomes": (shape or {}).get("controller", {}).get("outcomes", {}),
                     "members": {n: {k: m.get(k) for k in ("role", "role_changes", "restarts")}
-                                for n, m in members.items()}})
+                                for n, m in members.items()}}, shed=shed)
 
 
 def caught_in_changes(out: Outcome) -> list[int]:
