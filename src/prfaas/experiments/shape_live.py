@@ -144,10 +144,10 @@ class Outcome:
     finish_s: np.ndarray
     role_changes: list[dict[str, Any]]
     lost: int = 0  # accepted and not completed (live: failed replies other than a 429)
-    shed: int = 0  # live: refused at admission (429, the router's queue limit), never accepted
     token_ids: list[list[int]] | None = None  # live: each reply's tokens
     nodes: list[tuple[str, str]] | None = None  # live: each reply's (prefill, decode) node
     extra: dict[str, Any] | None = None
+    shed: int = 0  # live: refused at admission (429, the router's queue limit), never accepted
 
 
 def sim_topology_router(topology: Any) -> Any:

@@ -10,8 +10,8 @@ A change goes through states, shown by `GET /shape`, `/health` and the metrics:
   pause;
 - then `POST /shape/join`: it serves in its new role at its new address (`ok: true`), or after
   a failed restart in its old role again (`ok: false`, with what failed); it is routed to
-  again and its prefix cache is forgotten (it restarted). A join without a pid (not even the
-  old role came back) leaves it down until its health checks pass.
+  again and its prefix cache is forgotten (it restarted). A failed join without a pid (not even
+  the old role came back) leaves it down until its health checks pass.
 A change no deployment takes up within `ABANDON_S` of being drained is abandoned: the instance
 serves in its old role again (`failed`, "no deployment took it up").
 `POST /shape/change {instance, role}` asks for a change by hand; the controller refuses (409
@@ -212,7 +212,7 @@ class LiveShape:
         started = isinstance(pid, int) and pid > 0
         self.service.membership.states[spec.name].pid = pid if started else None
         self._end(now, ok, str(body.get("detail", "")), spec)
-        if not started:  # not even its old role came back: down until its checks pass
+        if not ok and not started:  # not even its old role came back: down until it checks up
             self.service.membership.suspect(spec.name, "not running after a failed role change")
         return web.json_response(self.history[-1])
 
