@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_engine_kda import _inputs  # the KDA tests' random inputs
 
 from prfaas.core.errors import ConfigError
 from prfaas.engine import Engine, EngineConfig, layer_kv_from_arrays, layer_kv_to_arrays
-from prfaas.engine.kda import GATE_FLOOR, kda_chunk, kda_chunk_loop, kda_recurrent
+from prfaas.engine.kda import kda_chunk, kda_chunk_loop, kda_recurrent
 from prfaas.engine.kv import AttnStore, LayerKV
-from prfaas.engine.ops import causal_attention, fused_causal_attention, l2_norm
+from prfaas.engine.ops import causal_attention, fused_causal_attention
 from prfaas.models.catalog import find_model
 from prfaas.serve.worker.manifest import model_identity
 
@@ -38,25 +39,13 @@ def _prompt(n: int, seed: int = 0) -> list[int]:
     return [256, *torch.randint(0, 256, (n - 1,), generator=gen).tolist()]
 
 
-def _kda_inputs(t: int, seed: int, gate_scale: float) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    h, dk, dv = 3, 16, 8
-    q = l2_norm(torch.randn(h, t, dk, generator=gen)) * dk ** -0.5
-    k = l2_norm(torch.randn(h, t, dk, generator=gen))
-    v = torch.randn(h, t, dv, generator=gen)
-    g = (-torch.rand(h, t, dk, generator=gen) * gate_scale).clamp(min=GATE_FLOOR)
-    beta = torch.rand(h, t, generator=gen)
-    s0 = torch.randn(h, dk, dv, generator=gen) * 0.3
-    return q, k, v, g, beta, s0
-
-
 @pytest.mark.parametrize(("t", "chunk", "gate_scale"), [
     (128, 64, 0.5), (150, 64, 0.1), (1000, 64, 0.3), (130, 64, 5.0), (150, 16, 2.0)])
 def test_batched_kda_matches_the_recurrence_and_the_chunk_loop(t: int, chunk: int,
                                                                gate_scale: float) -> None:
     """Several sub-chunks at once (padded to whole chunks when T is not a multiple): the
     token-by-token recurrence and the one-step-per-chunk loop are both baselines."""
-    q, k, v, g, beta, s0 = _kda_inputs(t, t + chunk, gate_scale)
+    q, k, v, g, beta, s0 = _inputs(t, t + chunk, gate_scale)
     o, s = kda_chunk(q, k, v, g, beta, s0, chunk)
     o_rec, s_rec = kda_recurrent(q, k, v, g, beta, s0)
     o_loop, s_loop = kda_chunk_loop(q, k, v, g, beta, s0, chunk)
