@@ -187,10 +187,16 @@ def test_role_changes_on_ray(ray_cluster: Any, engine: Any, tmp_path: Path) -> N
         after = _prompts("after-change", 6)
         with ThreadPoolExecutor(6) as pool:
             later = list(pool.map(lambda p: _complete(url, p), after))
+        # the new split's t, put into force at the join (the router's metric)
+        [t_line] = [ln for ln in metrics.splitlines() if ln.startswith("prfaas_threshold_tokens ")]
+        t_new = float(t_line.split()[1])
         for p, r in zip(after, later, strict=True):
             check(p, r)
             assert r["prfaas"]["decode_node"] == "pd-2"  # the only decoder left
-        assert "pd-1" in {r["prfaas"]["prefill_node"] for r in later}  # it prefills now
+            n = r["usage"]["prompt_tokens"]
+            assert r["prfaas"]["route"] == ("prfaas" if n > t_new else "pd"), (n, t_new, r)
+        local = {r["prfaas"]["prefill_node"] for r in later if r["prfaas"]["route"] == "pd"}
+        assert not local or "pd-1" in local, local  # a local prefill may land on it now
 
         # 3. refusals, with the reason, and bad input
         status, body = _call(url, "/shape/change", {"instance": "pd-2", "role": "pd-p"})
