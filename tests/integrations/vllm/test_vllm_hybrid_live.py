@@ -301,11 +301,11 @@ def test_at_aligned_lengths_the_transfer_is_exact_and_a_wrong_state_is_not(
 #   the same P/D path with bf16 on the wire (bench_vllm_wire_quality.py -> vllm_wire_quality.json).
 #   That maximum sits at near-tie positions where fp8 flips the greedy token, so the bound is
 #   loose: it says fp8 stays within what was measured, not that a coarser quantizer would fail it.
-# - The negative control, paired: the same prompts with fp8 decoded at twice its scales
-#   (`fp8_wrong_scale`) must come out worse than the genuine fp8 on each prompt (equal errors
-#   would mean the fault, or fp8 itself, changed nothing). int4 with one scale per tensor is
-#   measured and printed, not asserted: on these tiny vLLM models the benchmark found it no
-#   worse than fp8 (docs/wire-format.md), so it is no control here.
+# - The negative control: fp8 decoded at twice its scales (`fp8_wrong_scale`), on prompts of its
+#   own at the same aligned lengths (the decoder's prefix cache would skip a repeated prompt's
+#   transfer), must come out worse than every genuine fp8 transfer here. int4 with one scale per
+#   tensor is measured and printed, not asserted: on these tiny vLLM models the benchmark found
+#   it no worse than fp8 (docs/wire-format.md), so it is no control here.
 FP8_MARGIN = 2.0
 FP8_SEED = 61
 QUALITY = ROOT / "benchmarks" / "results" / "vllm_wire_quality.json"
@@ -335,8 +335,12 @@ def test_fp8_on_the_wire_stays_within_its_measured_error_and_a_wrong_scale_does_
     assert done["error"] is None
     assert done["bytes"] == connector_kv_bytes(model, len(genuine[0]), "fp8_e4m3")
     assert done["bytes"] < connector_kv_bytes(model, len(genuine[0]))
-    wrong = [error(live, p, "fp8_wrong_scale", send=fp8, segments=1) for p in genuine]
-    int4 = [error(live, p, "int4_kv", segments=1) for p in genuine]  # bf16 sent, int4 received
+    # the controls on prompts of their own, at the same aligned lengths: the decoder caches the
+    # prefixes it has seen, so the same prompt again would not cross at all
+    others = text_prompts(live["model"], [2049, 1025], seed=FP8_SEED + 1)
+    wrong = [error(live, p, "fp8_wrong_scale", send=fp8, segments=1) for p in others]
+    int4 = [error(live, p, "int4_kv", segments=1)  # bf16 sent, int4 received
+            for p in text_prompts(live["model"], [2049, 1025], seed=FP8_SEED + 2)]
     print(f"\nfp8 on the wire, aligned: first-token |dlogprob| {[f'{r[0]:.2e}' for r in rows]}, "
           f"worst {[f'{r[1]:.2e}' for r in rows]}; fp8 at twice its scales "
           f"{[f'{r[1]:.2e}' for r in wrong]}; int4 per tensor (not asserted) "
@@ -345,8 +349,8 @@ def test_fp8_on_the_wire_stays_within_its_measured_error_and_a_wrong_scale_does_
     live["errors"]["fp8 wire (aligned)"] = max(r[1] for r in rows)
     assert all(r[0] > 0.0 for r in rows), rows  # fp8 did change the KV (bf16 here: exactly 0)
     assert max(r[1] for r in rows) < bound
-    for prompt, ok, bad in zip(genuine, rows, wrong, strict=True):
-        assert bad[1] > ok[1], (len(prompt), ok, bad)  # the wrong scale is worse on each prompt
+    # a wrong-scale quantizer is worse than every genuine fp8 transfer measured here
+    assert min(r[1] for r in wrong) > max(r[1] for r in rows), (rows, wrong)
 
 
 def _cpu_s(procs: list[Any]) -> float:
