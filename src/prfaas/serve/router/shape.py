@@ -177,14 +177,22 @@ class LiveShape:
         self._begin(got, view.now_s)
         return web.json_response({"change": got.to_json()})
 
+    def _current_in(self, body: dict[str, Any], state: str) -> tuple[Any, web.Response | None]:
+        """The change of `body`'s instance when it is in `state`, else a 409 saying why."""
+        cur = self.current
+        if cur is None or body.get("instance") != cur.change.instance_id:
+            return None, _error(409, f"no change of {body.get('instance')!r} in progress")
+        if cur.state != state:
+            return None, _error(409, f"{cur.change.instance_id} is {cur.state}, not {state}")
+        return cur, None
+
     async def switch(self, request: web.Request) -> web.Response:
         """The deployment restarts the drained instance now."""
         body = await _body(request)
-        cur = self.current
-        if cur is None or body.get("instance") != cur.change.instance_id:
-            return _error(409, f"no change of {body.get('instance')!r} in progress")
-        if cur.state != "drained":
-            return _error(409, f"{cur.change.instance_id} is {cur.state}, not drained")
+        cur, refused = self._current_in(body, "drained")
+        if refused is not None:
+            return refused
+        assert cur is not None
         cur.state, cur.switching_s = "switching", self.service.cluster.view().now_s
         self.service.membership.switching.add(cur.change.instance_id)
         return web.json_response(cur.to_json(0))
@@ -193,11 +201,10 @@ class LiveShape:
         """{instance, ok, detail, host, port, kv_port, pid}: serving again, in its new role
         (ok) or its old one; where it listens now."""
         body = await _body(request)
-        cur = self.current
-        if cur is None or body.get("instance") != cur.change.instance_id:
-            return _error(409, f"no change of {body.get('instance')!r} in progress")
-        if cur.state != "switching":
-            return _error(409, f"{cur.change.instance_id} is {cur.state}, not switching")
+        cur, refused = self._current_in(body, "switching")
+        if refused is not None:
+            return refused
+        assert cur is not None
         ok = body.get("ok") is True
         try:
             old = self.service.topology.worker(cur.change.instance_id)
