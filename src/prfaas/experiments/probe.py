@@ -96,7 +96,8 @@ def judge(rate_rps: float, arrival: FloatArray, ready: FloatArray, finish: Float
     # the same tests counted in requests: in_window passes iff >= `needed`
     expected = rate_rps * (last - lo)
     needed = min(THROUGHPUT_SHARE * expected, expected - THROUGHPUT_MIN_DEFICIT)
-    margins = {"throughput": round(in_window - needed, 2), "queue": round(allowance - growth, 2)}
+    # unrounded: a margin rounded to -0.0 would read as passing a criterion the verdict failed
+    margins = {"throughput": float(in_window - needed), "queue": float(allowance - growth)}
     if completed < n:
         margins["completed"] = float(completed - n)
     return ProbeResult(round(rate_rps, 6), bool(ok), throughput, growth, mean, completed, n,
