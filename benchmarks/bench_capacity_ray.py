@@ -10,22 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from prfaas.serve.ports import free_port
+
 OUT = Path(__file__).resolve().parent / "results" / "capacity_ray.json"
-
-
-def _port_above_20000() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port: int = s.getsockname()[1]
-        if port > 20000:
-            return port
 
 
 def main(argv: list[str]) -> None:
@@ -35,8 +27,8 @@ def main(argv: list[str]) -> None:
     args = argv or ["--requests", "4000"]
     common = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True, head_node_args={
-        **common, "resources": {"router": 1}, "gcs_server_port": _port_above_20000(),
-        "include_dashboard": False, "dashboard_agent_listen_port": _port_above_20000()})
+        **common, "resources": {"router": 1}, "gcs_server_port": free_port(),
+        "include_dashboard": False, "dashboard_agent_listen_port": free_port()})
     runs: dict[str, dict[str, object]] = {}
     try:
         for resource in ("dc_prfaas", "dc_local"):

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,15 +28,11 @@ from pathlib import Path
 
 import yaml
 
+from prfaas.serve.ports import free_port
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 TOPOLOGY = SRC / "prfaas" / "data" / "topologies" / "local.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_bytes(pid: int) -> int:

@@ -129,7 +129,7 @@ def _router_cpus(tmp_path: Path, cores: str | None) -> set[int]:
     import urllib.request
 
     from prfaas.serve.deploy.launcher import reap, terminate
-    from prfaas.serve.topology import free_port
+    from prfaas.serve.ports import free_port
 
     local = Path(__file__).resolve().parents[2] / "topologies" / "local.yaml"
     raw = yaml.safe_load(local.read_text())

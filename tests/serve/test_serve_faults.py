@@ -23,7 +23,7 @@ from aiohttp import web
 from serve_helpers import MODEL, complete, get_text, post, topology
 
 from prfaas.serve.deploy.launcher import Deployment
-from prfaas.serve.topology import free_port
+from prfaas.serve.ports import free_port
 from prfaas.transport.wire import DType, Kind, data_header
 
 pytestmark = pytest.mark.timeout(600)

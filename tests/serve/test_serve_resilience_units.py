@@ -20,6 +20,7 @@ from serve_helpers import MODEL, topology
 from prfaas.core.errors import ConfigError
 from prfaas.engine import ByteTokenizer
 from prfaas.serve.deploy.supervisor import Supervisor
+from prfaas.serve.ports import free_port
 from prfaas.serve.resilience import RestartSpec
 from prfaas.serve.router.backends import (
     Attempt,
@@ -33,7 +34,7 @@ from prfaas.serve.router.dispatch import Dispatcher, Outcome
 from prfaas.serve.router.failover import guarded
 from prfaas.serve.router.openai_api import ApiError, parse
 from prfaas.serve.router.service import RouterService
-from prfaas.serve.topology import WorkerSpec, free_port
+from prfaas.serve.topology import WorkerSpec
 from prfaas.serve.worker.protocol import error_reply
 
 TOK = ByteTokenizer()

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from prfaas.core.errors import PrfaasError
-from prfaas.serve.topology import free_port
+from prfaas.serve.ports import free_port
 
 _UNITS_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0,
             "y": 31536000.0}

@@ -11,7 +11,6 @@ a KV receiver on `kv_port`). Where each worker computes (`device`, `gpus`; `mode
 
 from __future__ import annotations
 
-import socket
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -30,6 +29,7 @@ from prfaas.serve.cores import parse_cores
 from prfaas.serve.engines import DEFAULT_ENGINE, backend_class, engine_names
 from prfaas.serve.gpus import check_worker_gpus, parse_gpus
 from prfaas.serve.planned import PlanSpec, parse_plan
+from prfaas.serve.ports import free_port
 from prfaas.serve.resilience import (
     AdmissionSpec,
     DeadlineSpec,
@@ -320,18 +320,6 @@ class Topology:
 
     def dump(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host`; for an address this namespace does not own (a PrfaaS worker's
-    own namespace, where every port is free) one free on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, 0))
-        except OSError:
-            s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _wire(link: LinkSpec) -> dict[str, str]:

@@ -29,7 +29,7 @@ pytestmark = needs("vllm")
 import torch  # noqa: E402
 
 from prfaas.integrations.vllm.blocks import conv_from_wire, conv_to_wire  # noqa: E402
-from prfaas.serve.topology import free_port  # noqa: E402
+from prfaas.serve.ports import free_port  # noqa: E402
 from prfaas.transport.sender import KVSender, SenderConfig  # noqa: E402
 
 BS = 16  # tokens per attention block

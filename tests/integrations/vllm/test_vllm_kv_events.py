@@ -17,7 +17,7 @@ pytestmark = needs("vllm")
 
 from prfaas.cache import GlobalKVCacheManager, chain_hashes  # noqa: E402
 from prfaas.integrations.vllm.kv_events import VllmKvEvents, endpoints, events_config  # noqa: E402
-from prfaas.serve.topology import free_port  # noqa: E402
+from prfaas.serve.ports import free_port  # noqa: E402
 
 BS = 16
 

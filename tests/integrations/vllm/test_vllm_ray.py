@@ -38,7 +38,7 @@ def on_ray() -> Iterator[dict[str, Any]]:
     from prfaas.serve.deploy.ray.deployment import RayDeployment
     from prfaas.serve.deploy.ray.loopback import loopback_cluster
     from prfaas.serve.deploy.ray.spec import RaySpec
-    from prfaas.serve.topology import free_port
+    from prfaas.serve.ports import free_port
 
     with workdir("vllm-ray") as root:
         model = build("llama", root)

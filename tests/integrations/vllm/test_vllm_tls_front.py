@@ -29,7 +29,7 @@ import pytest
 
 from prfaas.integrations.vllm.tls_front import start_front
 from prfaas.security.certs import ROUTER, Authority, Member, init_certs
-from prfaas.serve.topology import free_port
+from prfaas.serve.ports import free_port
 
 BIG_BYTES = 8 * 2**20  # many times the relay's socket buffers
 

@@ -26,7 +26,8 @@ from prfaas.bench.stdlib_text import heldout_windows
 from prfaas.integrations.vllm.model_builder import ensure_model
 from prfaas.integrations.vllm.reference import deployment_with_reference, post_completion
 from prfaas.serve.deploy.launcher import Deployment
-from prfaas.serve.topology import Topology, free_port, load_topology
+from prfaas.serve.ports import free_port
+from prfaas.serve.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVED = "tiny"

@@ -197,7 +197,7 @@ def profile_topology(topology: Any, url: str | None = None, log_dir: str | None 
     )
     from prfaas.integrations.vllm.reference import reference_spec
     from prfaas.integrations.vllm.server import VllmInstance
-    from prfaas.serve.topology import free_port
+    from prfaas.serve.ports import free_port
 
     s = settings(topology)
     model = ServedModel.from_settings(s)

@@ -18,7 +18,8 @@ from typing import Any
 from prfaas.core.errors import PrfaasError
 from prfaas.integrations.vllm.server import VllmInstance, VllmSpec
 from prfaas.serve.deploy.launcher import Deployment
-from prfaas.serve.topology import Topology, free_port
+from prfaas.serve.ports import free_port
+from prfaas.serve.topology import Topology
 from prfaas.serve.vllm_settings import VllmSettings
 
 

@@ -36,8 +36,9 @@ from prfaas.core.errors import PrfaasError
 from prfaas.serve.deploy.launcher import Deployment, DeploymentError, reap, terminate
 from prfaas.serve.deploy.netns import NetnsLink, _run, _tbf, free_index
 from prfaas.serve.gateway import GatewayConfig
+from prfaas.serve.ports import free_port
 from prfaas.serve.router.backends.native import TENANT_KEY_ENV
-from prfaas.serve.topology import LinkSpec, Topology, WorkerSpec, free_port
+from prfaas.serve.topology import LinkSpec, Topology, WorkerSpec
 
 GATEWAY = "prfaas-gw"  # the gateway's worker name in every region's topology
 

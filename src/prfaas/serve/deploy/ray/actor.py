@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -34,26 +33,13 @@ import ray
 
 from prfaas.security.tls import Identity
 from prfaas.serve.placement import NODE_ID_ENV
+from prfaas.serve.ports import free_ports
 
 PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_ports(host: str, count: int) -> list[int]:
-    """`count` distinct ports free on `host` now (held together, so none repeats)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _probe_context(topology_text: str) -> ssl.SSLContext | None:
@@ -104,7 +90,7 @@ class ComponentActor:
 
     def where(self, num_ports: int) -> dict[str, Any]:
         """The node this actor landed on, and ports free there for the component to use."""
-        return {"node_id": self.node_id, "ip": self.ip, "ports": free_ports(self.ip, num_ports)}
+        return {"node_id": self.node_id, "ip": self.ip, "ports": free_ports(num_ports, self.ip)}
 
     def launch(self, topology_text: str, trial: bool = False) -> int:
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from prfaas.serve.deploy.netns import NetnsLink
 from prfaas.serve.deploy.ray.part import NO_USAGE_STATS
+from prfaas.serve.ports import free_ports
 
 NODE_BYTES = 80 * 2**20
 PORT_FLAGS = ("--port", "--ray-client-server-port", "--dashboard-port",
@@ -43,23 +44,6 @@ PORT_FLAGS = ("--port", "--ray-client-server-port", "--dashboard-port",
               "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port",
               "--node-manager-port", "--object-manager-port")
 NS_BASE_PORT = 26400  # inside the namespace nothing else listens
-
-
-def ports_above_20000(count: int) -> list[int]:
-    """`count` distinct ports free on this host now, each above 20000."""
-    socks: list[socket.socket] = []
-    try:
-        while len(socks) < count:
-            s = socket.socket()
-            s.bind(("", 0))
-            if s.getsockname()[1] > 20000:
-                socks.append(s)
-            else:
-                s.close()
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def session_members(sid: int) -> list[int]:
@@ -95,7 +79,7 @@ class RayHead:
             numbers = list(range(NS_BASE_PORT, NS_BASE_PORT + len(PORT_FLAGS)))
             workers = (NS_BASE_PORT + 20, NS_BASE_PORT + 120)
         else:  # `ip` given (the veth's host end), never Ray's choice of the host's address
-            numbers = ports_above_20000(len(PORT_FLAGS))
+            numbers = free_ports(len(PORT_FLAGS), "0.0.0.0")
             workers = (10002, 19999)  # Ray's default range
         self.ports = dict(zip(PORT_FLAGS, numbers, strict=True))
         self.temp_dir = tempfile.mkdtemp(prefix="pfr", dir="/tmp")  # short: Unix socket paths

@@ -16,12 +16,13 @@ datacenter resource.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+from prfaas.serve.ports import free_port
 
 LOOPBACK = "127.0.0.1"
 ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
@@ -39,17 +40,6 @@ def use_loopback() -> dict[str, str]:
 
 NODE_BYTES = 80 * 2**20
 NODES = ("router", "dc_prfaas", "dc_local")  # one node per custom resource, the first the head
-
-
-def port_above_20000() -> int:
-    """A port free now, above Ray's default worker ports (10002-19999)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind((LOOPBACK, 0))
-            port: int = s.getsockname()[1]
-        if port > 20000:
-            return port
-    raise RuntimeError("no free port above 20000")
 
 
 @dataclass(frozen=True)
@@ -70,8 +60,8 @@ def loopback_cluster(resources: tuple[str, ...] = NODES, num_cpus: int = 1
     common: dict[str, Any] = {"num_cpus": num_cpus, "object_store_memory": NODE_BYTES,
                               "node_ip_address": LOOPBACK}
     cluster = Cluster(initialize_head=True, head_node_args={
-        **common, "resources": {resources[0]: 1}, "gcs_server_port": port_above_20000(),
-        "include_dashboard": False, "dashboard_agent_listen_port": port_above_20000()})
+        **common, "resources": {resources[0]: 1}, "gcs_server_port": free_port(),
+        "include_dashboard": False, "dashboard_agent_listen_port": free_port()})
     try:
         assert cluster.head_node is not None
         nodes = {resources[0]: cluster.head_node.node_id}
