@@ -24,7 +24,6 @@ multimodal inputs, cache_salt: `extra_keys`) cannot be a hit for a plain prompt 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import stat
@@ -41,6 +40,7 @@ from prfaas.cache.block_events import (
 )
 from prfaas.cache.listener import PoolListener
 from prfaas.core.errors import ConfigError
+from prfaas.serve.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -218,11 +218,8 @@ class VllmKvEvents:
                 sock.close(0)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None

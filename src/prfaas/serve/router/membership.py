@@ -19,7 +19,6 @@ new pid: its restart is a role change, not a failure.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ import aiohttp
 from prfaas.serve.engines import backend_class
 from prfaas.serve.resilience import HealthSpec
 from prfaas.serve.router.cluster import LiveCluster
+from prfaas.serve.tasks import cancel_and_wait
 from prfaas.serve.topology import Topology, WorkerSpec
 
 log = logging.getLogger("prfaas.serve.router.membership")
@@ -145,10 +145,7 @@ class Membership:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

@@ -23,7 +23,6 @@ last move within `hold_s`, or come while another runs. Every decision is logged 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ from aiohttp import web
 
 from prfaas.core.types import Role, RouteDecision, RouteQuery
 from prfaas.policy.shape import Refusal, ShapeChange, ShapeController, apply_threshold
+from prfaas.serve.tasks import cancel_and_wait
 from prfaas.serve.topology import WorkerSpec
 
 if TYPE_CHECKING:
@@ -87,10 +87,7 @@ class LiveShape:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

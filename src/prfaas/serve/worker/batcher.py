@@ -12,13 +12,13 @@ A request whose consumer went away is dropped at the next step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 
 from prfaas.engine import DecodeSeq, EngineBase
 from prfaas.engine.sampling import Sampled, is_stop
 from prfaas.serve.stops import StopText
+from prfaas.serve.tasks import cancel_and_wait
 
 # Events on a request's queue: (sequence index, a sampled token or a finish reason string
 # ("stop" | "length" | "error: ...")); nothing follows a sequence's finish reason.
@@ -69,10 +69,7 @@ class Batcher:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     def admit(self, active: Active) -> None:
         self.waiting.append(active)
