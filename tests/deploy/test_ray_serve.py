@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from prfaas.integrations.vllm.reference import post_completion
+
 pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parents[2]
 THRESHOLD_TOKENS = 256  # cheaper "long" prompts than ray-local.yaml's 1024
@@ -40,13 +42,10 @@ def _get(url: str) -> dict[str, Any]:
 
 
 def _complete(url: str, prompt: str) -> dict[str, Any]:
-    body = json.dumps({"model": "prfaas-tiny-kda", "prompt": prompt, "max_tokens": MAX_TOKENS,
-                       "temperature": 0}).encode()
-    req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        reply: dict[str, Any] = json.load(resp)
-        return reply
+    status, reply = post_completion(url, {"model": "prfaas-tiny-kda", "prompt": prompt,
+                                          "max_tokens": MAX_TOKENS, "temperature": 0}, 300)
+    assert status == 200, reply
+    return reply
 
 
 def _prompts() -> list[str]:

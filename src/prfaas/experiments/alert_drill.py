@@ -31,7 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from prfaas.core.errors import PrfaasError
 from prfaas.experiments.prometheus import PrometheusServer, scaled_rules
+from prfaas.integrations.vllm.reference import post_completion
 from prfaas.serve.deploy.launcher import Deployment
 from prfaas.serve.deploy.scrape import scrape_targets
 from prfaas.serve.resilience import HealthSpec, RestartSpec
@@ -116,12 +118,10 @@ def drill_topology(restart_backoff_s: float) -> Topology:
 
 
 def _complete(url: str, model: str, prompt: str) -> dict[str, Any]:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 4,
-                       "temperature": 0}).encode()
-    req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        reply: dict[str, Any] = json.load(resp)
+    status, reply = post_completion(url, {"model": model, "prompt": prompt, "max_tokens": 4,
+                                          "temperature": 0}, timeout_s=300)
+    if status != 200:
+        raise PrfaasError(f"the router answered HTTP {status}: {str(reply)[:300]}")
     return reply
 
 
