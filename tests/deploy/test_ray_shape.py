@@ -10,8 +10,10 @@ and carried out by the deployment's ShapeExecutor. Shown, in order:
    pd-2 is back as pd-d at a new pid, the router says `ok: false` and why, it decodes again;
 2. a change under load: pd-1 (pd-d) becomes pd-p while requests decode on it; nothing is lost,
    every reply's tokens and text equal `prfaas generate`'s (the greedy model in-process), at
-   least one of them was on pd-1 when the change began (caught in it), the drain waited for it,
-   and afterwards pd-1 prefills requests; /health, /shape and /metrics show the new role;
+   least one of them was on pd-1 when the change began (caught in it), the drain waited for it;
+   /health and /metrics show the new role, and later requests decode on pd-2 and take the
+   route the new split's t gives them (that split's t is 0 here: every later request is
+   offloaded, so none is prefilled on pd-0 or pd-1);
 3. refusals with the reason (409): pd-2 to pd-p would leave no decoder, pd-0 to pd-d would undo
    the last move within hold_s; a bad role is a 400. Their counts are in /metrics.
 """
@@ -195,8 +197,6 @@ def test_role_changes_on_ray(ray_cluster: Any, engine: Any, tmp_path: Path) -> N
             assert r["prfaas"]["decode_node"] == "pd-2"  # the only decoder left
             n = r["usage"]["prompt_tokens"]
             assert r["prfaas"]["route"] == ("prfaas" if n > t_new else "pd"), (n, t_new, r)
-        local = {r["prfaas"]["prefill_node"] for r in later if r["prfaas"]["route"] == "pd"}
-        assert not local or "pd-1" in local, local  # a local prefill may land on it now
 
         # 3. refusals, with the reason, and bad input
         status, body = _call(url, "/shape/change", {"instance": "pd-2", "role": "pd-p"})
