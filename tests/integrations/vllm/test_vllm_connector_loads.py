@@ -33,6 +33,7 @@ from prfaas.serve.ports import free_port  # noqa: E402
 from prfaas.transport.sender import KVSender, SenderConfig  # noqa: E402
 
 BS = 16  # tokens per attention block
+HEAD = 32  # a head size vLLM's CPU attention kernels take (the connector reads their layout)
 NUM_BLOCKS = 32
 TOKENS = 5 * BS + 3  # 6 attention blocks, the last partial
 CONV_SD, SSM = (3, 16), (2, 4, 4)
@@ -44,7 +45,7 @@ def _config(layout: str) -> Any:
     conv = CONV_SD if layout == "SD" else CONV_SD[::-1]
     mamba = SimpleNamespace(block_size=BS, shapes=(conv, SSM),
                             dtypes=(torch.bfloat16, torch.float32))
-    attn = SimpleNamespace(block_size=BS, num_kv_heads=2, head_size=4)  # [n, 2, BS, 2 * 4]
+    attn = SimpleNamespace(block_size=BS, num_kv_heads=2, head_size=HEAD)  # [n, 2, BS, 2 * HEAD]
     return SimpleNamespace(num_blocks=NUM_BLOCKS, kv_cache_groups=[
         SimpleNamespace(layer_names=[GDN], kv_cache_spec=mamba),
         SimpleNamespace(layer_names=[ATTN], kv_cache_spec=attn)])
@@ -53,7 +54,7 @@ def _config(layout: str) -> Any:
 def _caches(seed: int | None) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(seed or 0)
     page = torch.zeros(NUM_BLOCKS, 1, 1, PAGE, dtype=torch.int8)
-    kv = torch.zeros(NUM_BLOCKS, 2, BS, 8, dtype=torch.bfloat16)
+    kv = torch.zeros(NUM_BLOCKS, 2, BS, 2 * HEAD, dtype=torch.bfloat16)
     if seed is not None:
         page = torch.randint(-128, 128, page.shape, generator=gen, dtype=torch.int8)
         kv = torch.randn(kv.shape, generator=gen).to(torch.bfloat16)
@@ -138,7 +139,7 @@ def test_a_complete_transfer_lands_every_value_in_either_conv_layout(pair: Any,
     with open(rx._trace_path) as f:  # the receiver's own count, tensor by tensor
         received = sum(e["bytes"] for e in map(json.loads, f) if e["ev"] == "tensor")
     assert tx.take_sent_bytes() == {"p-1": received} and tx.take_sent_bytes() == {}
-    assert received == 24 + 6 * 2 * BS * 8 * 2 + PAGE  # meta, 6 bf16 blocks, one state page
+    assert received == 24 + 6 * 2 * BS * 2 * HEAD * 2 + PAGE  # meta, 6 bf16 blocks, one state page
     src, dst = tx.caches, rx.caches
     assert torch.equal(dst[ATTN][DST_BLOCKS].view(torch.int16),
                        src[ATTN][SRC_BLOCKS].view(torch.int16))
@@ -318,8 +319,31 @@ def test_a_connection_dropped_mid_layer_is_a_failed_load(pair: Any) -> None:
 
 
 # -- fp8 on the wire (wire_quant.py) -------------------------------------------------------------
-CODES_BYTES = 6 * 2 * BS * 8  # one e4m3 code per element of the 6 blocks
+CODES_BYTES = 6 * 2 * BS * 2 * HEAD  # one e4m3 code per element of the 6 blocks
 SCALE_BYTES = 6 * BS // 16 * 2 * 2 * 4  # fp32 per 16 tokens, per head (2), per K and V
+
+
+def _vllm_writes(keys: Any, values: Any, num_blocks: int) -> Any:
+    """A [num_blocks, H, BS, 2 * HEAD] bf16 cache into which vLLM's own CPU attention op
+    (`cpu_attn_reshape_and_cache`, as its attention layers call it) wrote `keys` and `values`
+    ([T, H, HEAD]) at slots 0..T-1."""
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    cache = torch.zeros(num_blocks, 2, BS, 2 * HEAD, dtype=torch.bfloat16)
+    key_half, value_half = cache.view(num_blocks, 2, 2 * BS, HEAD).chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(keys.to(torch.bfloat16).contiguous(),
+                                   values.to(torch.bfloat16).contiguous(), key_half, value_half,
+                                   torch.arange(len(keys), dtype=torch.int64),
+                                   _get_attn_isa(torch.bfloat16, BS, HEAD))
+    return cache
+
+
+def _prompt_places() -> Any:
+    """Where in the 6 blocks vLLM keeps the prompt's TOKENS tokens (True) and where it keeps
+    nothing of it (the last block's places past the prompt), as its own op writes them."""
+    ones = torch.ones(TOKENS, 2, HEAD)
+    return _vllm_writes(ones, ones, 6) != 0
 
 
 def _fp8_bound(x: Any) -> Any:
@@ -333,6 +357,8 @@ def _fp8_bound(x: Any) -> Any:
 
 
 def test_fp8_transfer_lands_within_the_fp8_bound_and_counts_wire_bytes(pair: Any) -> None:
+    from prfaas.integrations.vllm.wire_quant import BlockLayout
+
     rx, port = pair
     _expect(rx, 7)
     tx = _stream(port, 7, wire_dtype="fp8_e4m3")
@@ -346,15 +372,20 @@ def test_fp8_transfer_lands_within_the_fp8_bound_and_counts_wire_bytes(pair: Any
         ("b0", CODES_BYTES), ("b0.scale", SCALE_BYTES)}
     received = sum(e["bytes"] for e in tensors)
     assert tx.take_sent_bytes() == {"p-7": received}
-    assert received == 24 + CODES_BYTES + SCALE_BYTES + PAGE  # bf16 blocks: 24 + 3072 + PAGE
-    # [n, H, N, 2D] holds per head N keys then N values: viewed as [n, H, K|V, N, D]
-    x = tx.caches[ATTN][SRC_BLOCKS].float().view(6, 2, 2, BS, 4)
-    y = rx.caches[ATTN][DST_BLOCKS].float().view(6, 2, 2, BS, 4)
-    valid = torch.ones_like(x, dtype=torch.bool)
-    valid[5, :, :, TOKENS - 5 * BS:] = False  # the last block's rows past the prompt: zeroed
+    assert received == 24 + CODES_BYTES + SCALE_BYTES + PAGE  # (bf16 blocks: 2 x the codes)
+    x = tx.caches[ATTN][SRC_BLOCKS].float()
+    y = rx.caches[ATTN][DST_BLOCKS].float()
+    valid = _prompt_places()  # what past the prompt's end is zeroed: where vLLM writes no token
     assert torch.all(((y - x).abs() <= _fp8_bound(x))[valid])
     assert not torch.equal(x[valid], y[valid])  # it did travel in fp8, not as bf16
     assert not y[~valid].any()
+    # control: without the backend's page order the prompt's tail is cut from places that
+    # hold the prompt's own keys
+    plain = BlockLayout(2, BS, HEAD)
+    rows = plain.token_major(tx.caches[ATTN][SRC_BLOCKS], 0)
+    rows[TOKENS:] = 0
+    cut = plain.from_token_major(rows, 0, torch.bfloat16)
+    assert x[valid].all() and not cut[valid].all()
     # the GDN state keeps its dtype: bit-exact
     assert torch.equal(rx.caches[GDN][DST_SLOT], tx.caches[GDN][SRC_SLOT])
 
@@ -381,10 +412,9 @@ def test_wrong_scale_control_writes_fp8_values_twice_too_large(pair: Any) -> Non
     tx = _stream(port, 9, wire_dtype="fp8_e4m3")
     assert _outcome(rx, 9) == "ok"
     tx.shutdown()
-    x = tx.caches[ATTN][SRC_BLOCKS].float().view(6, 2, 2, BS, 4)
-    y = rx.caches[ATTN][DST_BLOCKS].float().view(6, 2, 2, BS, 4)
-    valid = torch.ones_like(x, dtype=torch.bool)
-    valid[5, :, :, TOKENS - 5 * BS:] = False
+    x = tx.caches[ATTN][SRC_BLOCKS].float()
+    y = rx.caches[ATTN][DST_BLOCKS].float()
+    valid = _prompt_places()
     assert torch.all(((y / 2 - x).abs() <= _fp8_bound(x))[valid])  # the values, doubled
     big = valid & (x.abs() > x.abs().max() / 16)
     assert torch.all(((y - x).abs() > _fp8_bound(x))[big])
@@ -396,11 +426,12 @@ def test_wrong_scale_control_writes_fp8_values_twice_too_large(pair: Any) -> Non
 
 
 def _fp8_items(rx: Any) -> list[tuple[int, str, np.ndarray, bool]]:
+    from prfaas.integrations.vllm.cpu_layout import with_cpu_page_order
     from prfaas.integrations.vllm.wire_quant import BlockLayout, encode_blocks
 
     items = _good_items(rx)
     blocks = _caches(seed=1)[ATTN][SRC_BLOCKS]
-    layout = BlockLayout(2, BS, 4)
+    layout = with_cpu_page_order(BlockLayout(2, BS, HEAD), torch.bfloat16)
     fp8 = [(1, n, a, False) for n, a in encode_blocks(blocks, 0, layout, TOKENS, "b0")]
     return [items[0], *fp8, items[2]]
 
@@ -449,27 +480,38 @@ def test_fp8_codes_need_their_listed_scale(pair: Any, fault: str | None, why: st
 
 @pytest.mark.parametrize("layout", ["cpu", "flash"])
 def test_block_layout_puts_tokens_first_and_back(layout: str) -> None:
+    from prfaas.core.errors import TransportError
+    from prfaas.integrations.vllm.cpu_layout import with_cpu_page_order
     from prfaas.integrations.vllm.wire_quant import BlockLayout
 
-    h, n, d, nb = 2, BS, 4, 3
+    h, n, nb = 2, BS, 3
     gen = torch.Generator().manual_seed(5)
-    lay = BlockLayout(h, n, d)
-    if layout == "cpu":  # [nb, H, N, 2D]; vLLM's cpu_attn: view [nb, H, 2N, D], chunk(2, dim=2)
-        cache = torch.randn(nb, h, n, 2 * d, generator=gen).to(torch.bfloat16)
-        key, value = cache.view(nb, h, 2 * n, d).chunk(2, dim=2)  # [nb, H, N, D] each
-        dim = 0
+    if layout == "cpu":  # [nb, H, N, 2D], written by vLLM's own CPU attention op
+        d, dim = HEAD, 0
+        keys = torch.randn(nb * n, h, d, generator=gen).to(torch.bfloat16)
+        values = torch.randn(nb * n, h, d, generator=gen).to(torch.bfloat16)
+        cache = _vllm_writes(keys, values, nb)
+        lay = with_cpu_page_order(BlockLayout(h, n, d), torch.bfloat16)
     else:  # FlashAttention: [2, nb, N, H, D]
+        d, dim = 4, 1
         cache = torch.randn(2, nb, n, h, d, generator=gen).to(torch.bfloat16)
-        key, value = (t.permute(0, 2, 1, 3) for t in cache)  # [nb, H, N, D]
-        dim = 1
+        keys, values = (t.reshape(nb * n, h, d) for t in cache)
+        lay = BlockLayout(h, n, d)
     rows = lay.token_major(cache, dim)  # [nb*N, H, 2, D]
-    want_k = key.permute(0, 2, 1, 3).reshape(nb * n, h, d).float().numpy()
-    want_v = value.permute(0, 2, 1, 3).reshape(nb * n, h, d).float().numpy()
-    assert np.array_equal(rows[:, :, 0], want_k) and np.array_equal(rows[:, :, 1], want_v)
+    assert np.array_equal(rows[:, :, 0], keys.float().numpy())
+    assert np.array_equal(rows[:, :, 1], values.float().numpy())
     back = lay.from_token_major(rows, dim, torch.bfloat16)
     assert torch.equal(back.view(torch.int16), cache.view(torch.int16))
     with pytest.raises(Exception, match="neither"):
         BlockLayout(h, n, 2 * d).token_major(cache, dim)  # a head size that does not fit
+    if layout == "cpu":
+        # control: the page read as a key half then a value half, both token-major (no page
+        # order): the values come out right, the keys (stored dim-major) do not
+        plain = BlockLayout(h, n, d).token_major(cache, dim)
+        assert np.array_equal(plain[:, :, 1], values.float().numpy())
+        assert not np.array_equal(plain[:, :, 0], keys.float().numpy())
+        with pytest.raises(TransportError, match="not a permutation"):
+            lay.with_page_order(np.zeros((n, 2, d), dtype=np.int64))
 
 
 # -- the producer's layers through the layer shipper (engine/shipper.py) ------------------------

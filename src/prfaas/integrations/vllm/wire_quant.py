@@ -5,8 +5,11 @@ tokens per head; the native path hands it token-major tensors. A vLLM attention 
 are not token-major, so `BlockLayout` moves gathered blocks to and from [n*N, H, 2, D] (n blocks
 of N tokens; per KV head its key and its value vector, each with its own scales, as the native
 engine's K and V tensors), for the two paged layouts prfaas meets:
-- CPU backend, blocks on dim 0: [n, H, N, 2D], per head the block's N keys then its N values
-  (vLLM's cpu_attn views it as [n, H, 2N, D] and splits that in two);
+- CPU backend, blocks on dim 0: [n, H, N, 2D]: per block and head a page of N*2D values whose
+  order is the backend's own (vLLM's cpu_attn splits the page into a key and a value half; its
+  vector kernels store the keys dim-major, [D, N], and the values token-major, [N, D]). The page
+  order comes from the backend itself (cpu_layout.py writes known keys and values through it
+  and reads where they land); without it, both halves are taken as token-major;
 - FlashAttention-style, blocks on dim 1: [2, n, N, H, D].
 Any other shape is a TransportError when fp8 is asked for (bf16 travels as whole blocks, layout
 unseen). The receiver dequantizes into its cache dtype. Rows past the prompt's end (the tail of
@@ -17,7 +20,7 @@ they keep their dtype (docs/wire-format.md, "What keeps its dtype").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +42,9 @@ class BlockLayout:
     num_kv_heads: int
     block_size: int  # tokens per block
     head_size: int
+    # CPU layout: where token t's key (kv=0) or value (kv=1) element d sits in a head's page
+    # of N*2D values, int64 [N, 2, D]; None: the key half then the value half, each [N, D]
+    page_order: np.ndarray | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, spec: Any) -> BlockLayout:
@@ -48,6 +54,24 @@ class BlockLayout:
             raise TransportError(f"fp8 wire: key head size {spec.head_size} != value head "
                                  f"size {v} is not a layout the connector quantizes")
         return cls(int(spec.num_kv_heads), int(spec.block_size), int(spec.head_size))
+
+    def with_page_order(self, order: np.ndarray) -> BlockLayout:
+        """This layout with a CPU page order read from the backend; a TransportError unless
+        `order` places every (token, key|value, dim) at its own place in the page."""
+        n, d = self.block_size, self.head_size
+        if order.shape != (n, 2, d) or not np.array_equal(np.sort(order, axis=None),
+                                                          np.arange(n * 2 * d)):
+            raise TransportError(f"fp8 wire: the backend's page order {order.shape} is not a "
+                                 f"permutation of [{n}, 2, {d}]")
+        return replace(self, page_order=order)
+
+    def _order(self) -> torch.Tensor:
+        """The page order, flat in (token, key|value, dim) order."""
+        n, d = self.block_size, self.head_size
+        if self.page_order is None:
+            kv, tok, dim = np.meshgrid(np.arange(2), np.arange(n), np.arange(d), indexing="ij")
+            return torch.from_numpy((kv * n * d + tok * d + dim).transpose(1, 0, 2).reshape(-1))
+        return torch.from_numpy(np.ascontiguousarray(self.page_order).reshape(-1))
 
     def check(self, blocks: torch.Tensor, dim: int) -> int:
         """The number of blocks; a TransportError for a layout this does not know."""
@@ -76,8 +100,9 @@ class BlockLayout:
         nb = self.check(blocks, dim)
         h, n, d = self.num_kv_heads, self.block_size, self.head_size
         x = blocks.detach().to("cpu", torch.float32)
-        if dim == 0:
-            x = x.reshape(nb, h, 2, n, d).permute(0, 3, 1, 2, 4)  # [nb, N, H, 2, D]
+        if dim == 0:  # each head's page in (token, key|value, dim) order -> [nb, N, H, 2, D]
+            x = x.reshape(nb, h, n * 2 * d)[:, :, self._order()]
+            x = x.reshape(nb, h, n, 2, d).permute(0, 2, 1, 3, 4)
         else:
             x = x.permute(1, 2, 3, 0, 4)  # [2, nb, N, H, D] -> [nb, N, H, 2, D]
         out: np.ndarray = x.reshape(nb * n, h, 2, d).contiguous().numpy()
@@ -91,8 +116,11 @@ class BlockLayout:
                                  f"[{n}, {h}, 2, {d}]")
         nb = rows.shape[0] // n
         x = torch.from_numpy(np.ascontiguousarray(rows)).reshape(nb, n, h, 2, d)
-        if dim == 0:
-            x = x.permute(0, 2, 3, 1, 4).reshape(nb, h, n, 2 * d)  # [nb, H, 2, N, D] -> page
+        if dim == 0:  # [nb, H, N, 2, D] in (token, key|value, dim) order -> each head's page
+            flat = x.permute(0, 2, 1, 3, 4).reshape(nb, h, n * 2 * d)
+            page = torch.empty_like(flat)
+            page[:, :, self._order()] = flat
+            x = page.reshape(nb, h, n, 2 * d)
         else:
             x = x.permute(3, 0, 1, 2, 4)  # [2, nb, N, H, D]
         return x.to(dtype).contiguous()

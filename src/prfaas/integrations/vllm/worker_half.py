@@ -47,6 +47,7 @@ from prfaas.integrations.vllm.blocks import (
     state_parts,
     to_wire,
 )
+from prfaas.integrations.vllm.cpu_layout import with_cpu_page_order
 from prfaas.integrations.vllm.link import Abort, Finish, RecvLink, SendLink, Staged, Tensor
 from prfaas.integrations.vllm.metadata import LoadJob, PrfaasMetadata, SaveJob
 from prfaas.integrations.vllm.params import FP8, connector_wire_dtype
@@ -115,6 +116,7 @@ class WorkerHalf:
         self.caches: dict[str, Any] = {}
         self.index_of: dict[str, int] = {}
         self.name_of: dict[int, str] = {}
+        self.fp8_layouts: dict[str, BlockLayout | None] = {}
         self._trace_path = extra.get("trace_path")
         self._trace_lock = threading.Lock()
         self.send: SendLink | None = None
@@ -178,6 +180,8 @@ class WorkerHalf:
             try:
                 layout = BlockLayout.of(spec)
                 layout.check(cache, self._dim(cache))
+                if self._dim(cache) == 0 and cache.device.type == "cpu":
+                    layout = with_cpu_page_order(layout, cache.dtype)
                 out[name] = layout
             except (TransportError, AttributeError) as exc:
                 if self.wire_dtype == FP8:
@@ -190,6 +194,10 @@ class WorkerHalf:
         for name in sorted(self.caches):
             for t in state_parts(self.caches[name]):
                 parts.append(f"{self.index_of[name]}:{tuple(t.shape[1:])}:{t.dtype}")
+            layout = self.fp8_layouts.get(name)
+            if layout is not None and layout.page_order is not None:
+                # blocks also cross as cached (bf16): both ends must order a page alike
+                parts.append(f"page:{zlib.crc32(layout.page_order.tobytes())}")
         return zlib.crc32(";".join(parts).encode())
 
     def layer_sets(self) -> dict[str, list[int]]:
@@ -210,6 +218,13 @@ class WorkerHalf:
     def _conv_spec(self, g: int) -> tuple[tuple[int, ...], torch.dtype]:
         spec = self.groups[g].kv_cache_spec
         return tuple(spec.shapes[0]), spec.dtypes[0]
+
+    def _fp8_layout(self, layer: int) -> BlockLayout:
+        layout = self.fp8_layouts.get(self.name_of[layer])
+        if layout is None:
+            raise TransportError(f"fp8 blocks arrived for layer {self.name_of[layer]}, whose "
+                                 "cache this instance cannot quantize")
+        return layout
 
     def _dim(self, t: torch.Tensor) -> int:
         return block_dim(t, self.config.num_blocks)
@@ -480,11 +495,11 @@ class WorkerHalf:
             del inc.halves[(layer, base)]
             if job.fault == "fp8_wrong_scale":
                 pair[base + SCALE_SUFFIX] = pair[base + SCALE_SUFFIX] * 2
-            data = decode_blocks(pair, base, BlockLayout.of(spec), dim, cache.dtype)
+            data = decode_blocks(pair, base, self._fp8_layout(layer), dim, cache.dtype)
         else:
             data = from_wire(array, cache)
         if job.fault == "int4_kv":
-            data = int4_control(data, dim, BlockLayout.of(spec))
+            data = int4_control(data, dim, self._fp8_layout(layer))
         n = data.shape[dim]
         dest = job.block_ids[g][start : start + n]
         if len(dest) != n:
