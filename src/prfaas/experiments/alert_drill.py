@@ -125,13 +125,16 @@ def _complete(url: str, model: str, prompt: str) -> dict[str, Any]:
     return reply
 
 
-def _watch(prom: PrometheusServer, phase: Phase, until: Callable[[], bool],
+def _watch(prom: PrometheusServer, phase: Phase, until: Callable[[list[dict[str, Any]]], bool],
            limit_s: float) -> bool:
-    """Poll the alerts into `phase` until `until()` (True) or `limit_s` (False)."""
+    """Poll the alerts into `phase` until `until(the alerts just observed)` (True) or `limit_s`
+    (False). `until` judges the same answer the phase recorded: a second query could see an
+    alert resolve that the phase never saw resolve."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        phase.observe(prom.alerts())
-        if until():
+        alerts = prom.alerts()
+        phase.observe(alerts)
+        if until(alerts):
             return True
         time.sleep(POLL_S)
     return False
@@ -166,30 +169,30 @@ def run_drill(rules_text: str, factor: float = 1 / 30, baseline_s: float = 6.0,
             routes = [_complete(dep.url, model, p)["prfaas"]["route"] for p in
                       ("short one", "short two", "long " * 260, "longer " * 200)]
             healthy.events.append(f"requests routed {routes}")
-            ready = _watch(prom, healthy, lambda: _targets_up(prom, len(targets)), 30.0)
+            ready = _watch(prom, healthy, lambda _: _targets_up(prom, len(targets)), 30.0)
             healthy.events.append(f"all {len(targets)} targets up: {ready}")
-            _watch(prom, healthy, lambda: False, baseline_s)
+            _watch(prom, healthy, lambda _: False, baseline_s)
             out["phases"].append(healthy.to_json())
 
             part = Phase("partition")
             dep.netns.set_up(False)
             part.events.append("veth down")
-            fired = _watch(prom, part, lambda: _expected(part), fault_limit_s)
-            _watch(prom, part, lambda: False, hold_after_s if fired else 0.0)
+            fired = _watch(prom, part, lambda _: _expected(part), fault_limit_s)
+            _watch(prom, part, lambda _: False, hold_after_s if fired else 0.0)
             dep.netns.set_up(True)
             part.fault_end_s = part.now()
             part.events.append(f"veth up (expected alerts fired: {fired})")
-            _watch(prom, part, lambda: not prom.alerts() and _all_up(dep), fault_limit_s)
+            _watch(prom, part, lambda alerts: not alerts and _all_up(dep), fault_limit_s)
             out["phases"].append(part.to_json())
             log(f"partition: {part.to_json()}")
 
             kill = Phase("worker-kill")
             os.kill(dep.pid(FAULTED["worker-kill"]), signal.SIGKILL)
             kill.events.append(f"SIGKILL {FAULTED['worker-kill']}")
-            _watch(prom, kill, lambda: _expected(kill) and _all_up(dep), fault_limit_s)
+            _watch(prom, kill, lambda _: _expected(kill) and _all_up(dep), fault_limit_s)
             kill.fault_end_s = kill.now()
             kill.events.append("worker up again")
-            _watch(prom, kill, lambda: not prom.alerts(), fault_limit_s)
+            _watch(prom, kill, lambda alerts: not alerts, fault_limit_s)
             out["phases"].append(kill.to_json())
             log(f"worker-kill: {kill.to_json()}")
 
