@@ -323,19 +323,20 @@ CODES_BYTES = 6 * 2 * BS * 2 * HEAD  # one e4m3 code per element of the 6 blocks
 SCALE_BYTES = 6 * BS // 16 * 2 * 2 * 4  # fp32 per 16 tokens, per head (2), per K and V
 
 
-def _vllm_writes(keys: Any, values: Any, num_blocks: int) -> Any:
-    """A [num_blocks, H, BS, 2 * HEAD] bf16 cache into which vLLM's own CPU attention op
+def _vllm_writes(keys: Any, values: Any, num_blocks: int, bs: int = BS) -> Any:
+    """A [num_blocks, H, bs, 2 * D] bf16 cache into which vLLM's own CPU attention op
     (`cpu_attn_reshape_and_cache`, as its attention layers call it) wrote `keys` and `values`
-    ([T, H, HEAD]) at slots 0..T-1."""
+    ([T, H, D]) at slots 0..T-1."""
     from vllm import _custom_ops as ops
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    cache = torch.zeros(num_blocks, 2, BS, 2 * HEAD, dtype=torch.bfloat16)
-    key_half, value_half = cache.view(num_blocks, 2, 2 * BS, HEAD).chunk(2, dim=2)
+    h, d = keys.shape[1:]
+    cache = torch.zeros(num_blocks, h, bs, 2 * d, dtype=torch.bfloat16)
+    key_half, value_half = cache.view(num_blocks, h, 2 * bs, d).chunk(2, dim=2)
     ops.cpu_attn_reshape_and_cache(keys.to(torch.bfloat16).contiguous(),
                                    values.to(torch.bfloat16).contiguous(), key_half, value_half,
                                    torch.arange(len(keys), dtype=torch.int64),
-                                   _get_attn_isa(torch.bfloat16, BS, HEAD))
+                                   _get_attn_isa(torch.bfloat16, bs, d))
     return cache
 
 
@@ -512,6 +513,23 @@ def test_block_layout_puts_tokens_first_and_back(layout: str) -> None:
         assert not np.array_equal(plain[:, :, 0], keys.float().numpy())
         with pytest.raises(TransportError, match="not a permutation"):
             lay.with_page_order(np.zeros((n, 2, d), dtype=np.int64))
+
+
+@pytest.mark.parametrize(("bs", "d"), [(256, 64), (272, 32)])
+def test_the_page_order_is_read_for_blocks_longer_than_bf16_counts(bs: int, d: int) -> None:
+    """A hybrid model's attention blocks are long (qwen3_next's tiny test model: 256 tokens, to
+    match its Mamba page): token ids past 256 are not exact in bf16, so the layout is read in
+    two digits. Keys and values written by vLLM come back token-major."""
+    from prfaas.integrations.vllm.cpu_layout import with_cpu_page_order
+    from prfaas.integrations.vllm.wire_quant import BlockLayout
+
+    gen = torch.Generator().manual_seed(bs)
+    keys = torch.randn(2 * bs, 1, d, generator=gen).to(torch.bfloat16)
+    values = torch.randn(2 * bs, 1, d, generator=gen).to(torch.bfloat16)
+    cache = _vllm_writes(keys, values, 2, bs)
+    rows = with_cpu_page_order(BlockLayout(1, bs, d), torch.bfloat16).token_major(cache, 0)
+    assert np.array_equal(rows[:, :, 0], keys.float().numpy())
+    assert np.array_equal(rows[:, :, 1], values.float().numpy())
 
 
 # -- the producer's layers through the layer shipper (engine/shipper.py) ------------------------

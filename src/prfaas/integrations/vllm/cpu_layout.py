@@ -17,7 +17,7 @@ import torch
 from prfaas.core.errors import TransportError
 from prfaas.integrations.vllm.wire_quant import BlockLayout
 
-_EXACT = 256  # integers up to here are exact in bf16, the narrowest cache dtype met here
+_DIGIT = 64  # ids are written as two base-64 digits, each 1..64: exact in bf16 and fp16
 
 
 def cpu_page_order(layout: BlockLayout, dtype: torch.dtype) -> np.ndarray:
@@ -27,7 +27,7 @@ def cpu_page_order(layout: BlockLayout, dtype: torch.dtype) -> np.ndarray:
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
     h, n, d = layout.num_kv_heads, layout.block_size, layout.head_size
-    if max(n, d) >= _EXACT:
+    if max(n, d) > _DIGIT * _DIGIT:
         raise TransportError(f"fp8 wire: block size {n} or head size {d} too large to read "
                              "the CPU cache layout")
     isa = _get_attn_isa(dtype, n, d)
@@ -35,8 +35,8 @@ def cpu_page_order(layout: BlockLayout, dtype: torch.dtype) -> np.ndarray:
     key_half, value_half = page.view(1, h, 2 * n, d).chunk(2, dim=2)
 
     def landed(ids: torch.Tensor) -> np.ndarray:
-        """Write keys `ids` and values `-ids` ([N, D]: one id per token and dim) to every
-        head; head 0's page as it was written."""
+        """Write keys `ids` and values `-ids` ([N, D], values 1..64) to every head; head 0's
+        page as it was written."""
         page.zero_()
         kv = ids[:, None, :].expand(n, h, d).to(dtype).contiguous()
         try:
@@ -45,19 +45,22 @@ def cpu_page_order(layout: BlockLayout, dtype: torch.dtype) -> np.ndarray:
         except (RuntimeError, NotImplementedError) as exc:
             raise TransportError(f"fp8 wire: vLLM's CPU attention ({isa}) cannot write a "
                                  f"[{n} tokens, {h} heads, {d}] block: {exc}") from exc
-        return page[0, 0].reshape(-1).float().numpy()
+        out: np.ndarray = page[0, 0].reshape(-1).float().numpy()
+        if not out.all():
+            raise TransportError(f"fp8 wire: vLLM's CPU attention ({isa}) left part of a "
+                                 f"[{n}, 2, {d}] page unwritten")
+        return out
 
-    tok = torch.arange(1, n + 1, dtype=torch.float32)[:, None].expand(n, d)
-    dim = torch.arange(1, d + 1, dtype=torch.float32)[None, :].expand(n, d)
-    by_token, by_dim = landed(tok), landed(dim)
-    if not (by_token.all() and by_dim.all()):
-        raise TransportError(f"fp8 wire: vLLM's CPU attention ({isa}) left part of a "
-                             f"[{n}, 2, {d}] page unwritten")
+    def read(index: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Per page place: the id (token or dim) written there, and whether it is a value."""
+        lo, hi = landed(index % _DIGIT + 1.0), landed(index // _DIGIT + 1.0)
+        ids = (np.abs(hi).astype(np.int64) - 1) * _DIGIT + np.abs(lo).astype(np.int64) - 1
+        return ids, lo < 0
+
+    token, is_value = read(torch.arange(n, dtype=torch.float32)[:, None].expand(n, d))
+    dim, _ = read(torch.arange(d, dtype=torch.float32)[None, :].expand(n, d))
     order = np.full((n, 2, d), -1, dtype=np.int64)
-    t = np.abs(by_token).astype(np.int64) - 1
-    kv = (by_token < 0).astype(np.int64)
-    k = np.abs(by_dim).astype(np.int64) - 1
-    order[t, kv, k] = np.arange(n * 2 * d)
+    order[token, is_value.astype(np.int64), dim] = np.arange(n * 2 * d)
     return order
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import threading
 import time
@@ -63,6 +64,8 @@ from prfaas.transport.sender import SenderConfig
 
 META = "meta"
 _LAYER = re.compile(r"layers\.(\d+)\.")
+
+log = logging.getLogger(__name__)
 
 
 def layer_index(name: str, fallback: int) -> int:
@@ -186,6 +189,8 @@ class WorkerHalf:
             except (TransportError, AttributeError) as exc:
                 if self.wire_dtype == FP8:
                     raise TransportError(f"wire_dtype {FP8}: layer {name}: {exc}") from exc
+                log.warning("layer %s crosses as cached only; an fp8 transfer to it fails: %s",
+                            name, exc)
                 out[name] = None
         return out
 
