@@ -304,8 +304,9 @@ def test_at_aligned_lengths_the_transfer_is_exact_and_a_wrong_state_is_not(
 # - The negative control: fp8 decoded at twice its scales (`fp8_wrong_scale`), on prompts of its
 #   own at the same aligned lengths (the decoder's prefix cache would skip a repeated prompt's
 #   transfer), must come out worse than every genuine fp8 transfer here. int4 with one scale per
-#   tensor is measured and printed, not asserted: on these tiny vLLM models the benchmark found
-#   it no worse than fp8 (docs/wire-format.md), so it is no control here.
+#   tensor is measured and printed, not asserted: the benchmark separates it from fp8 on the
+#   mean over 20 prompts, but on qwen3_next fp8's worst position is above int4's (near-ties,
+#   docs/wire-format.md), so on two prompts their worst errors need not order.
 FP8_MARGIN = 2.0
 FP8_SEED = 61
 QUALITY = ROOT / "benchmarks" / "results" / "vllm_wire_quality.json"
