@@ -515,6 +515,16 @@ def test_block_layout_puts_tokens_first_and_back(layout: str) -> None:
             lay.with_page_order(np.zeros((n, 2, d), dtype=np.int64))
 
 
+def test_the_page_order_is_part_of_the_layout_fingerprint(pair: Any) -> None:
+    """Raw (bf16) blocks cross in the page order of the sender: a receiver whose kernel orders
+    a page otherwise has another fingerprint, so it refuses them (the fingerprint check above)."""
+    rx, _ = pair
+    layout = rx.fp8_layouts[ATTN]
+    assert layout.page_order is not None and rx._layout_fingerprint() == rx.layout_fingerprint()
+    rx.fp8_layouts[ATTN] = layout.with_page_order(layout.page_order[::-1].copy())
+    assert rx._layout_fingerprint() != rx.layout_fingerprint()
+
+
 @pytest.mark.parametrize(("bs", "d"), [(256, 64), (272, 32)])
 def test_the_page_order_is_read_for_blocks_longer_than_bf16_counts(bs: int, d: int) -> None:
     """A hybrid model's attention blocks are long (qwen3_next's tiny test model: 256 tokens, to

@@ -120,6 +120,7 @@ class WorkerHalf:
         self.index_of: dict[str, int] = {}
         self.name_of: dict[int, str] = {}
         self.fp8_layouts: dict[str, BlockLayout | None] = {}
+        self._fingerprint = 0  # set by register()
         self._trace_path = extra.get("trace_path")
         self._trace_lock = threading.Lock()
         self.send: SendLink | None = None
@@ -169,12 +170,14 @@ class WorkerHalf:
             self.index_of[name] = layer_index(name, i)
         self.name_of = {i: n for n, i in self.index_of.items()}
         self.fp8_layouts = self._fp8_layouts()
+        self._fingerprint = self._layout_fingerprint()
 
     def _fp8_layouts(self) -> dict[str, BlockLayout | None]:
         """Each attention layer's layout for fp8 on the wire (None: a cache it cannot quantize,
         which then travels as cached); with the instance's wire dtype fp8 such a cache fails
         the start, not a request's forward."""
         out: dict[str, BlockLayout | None] = {}
+        read: dict[tuple[BlockLayout, torch.dtype], BlockLayout] = {}  # one probe per kind
         for name, cache in self.caches.items():
             g = self.group_of.get(name)
             spec = self.groups[g].kv_cache_spec if g is not None else None
@@ -184,7 +187,10 @@ class WorkerHalf:
                 layout = BlockLayout.of(spec)
                 layout.check(cache, self._dim(cache))
                 if self._dim(cache) == 0 and cache.device.type == "cpu":
-                    layout = with_cpu_page_order(layout, cache.dtype)
+                    key = (layout, cache.dtype)
+                    if key not in read:
+                        read[key] = with_cpu_page_order(layout, cache.dtype)
+                    layout = read[key]
                 out[name] = layout
             except (TransportError, AttributeError) as exc:
                 if self.wire_dtype == FP8:
@@ -195,6 +201,10 @@ class WorkerHalf:
         return out
 
     def layout_fingerprint(self) -> int:
+        """The caches' layout as both ends must share it (fixed once the caches register)."""
+        return self._fingerprint
+
+    def _layout_fingerprint(self) -> int:
         parts = [f"conv-wire:{WIRE_CONV_LAYOUT}"]
         for name in sorted(self.caches):
             for t in state_parts(self.caches[name]):
